@@ -1,0 +1,278 @@
+//! Runtime configuration: one struct, sensible defaults, overridable from the environment so
+//! that `farmem run` (and any launcher) can pass settings down to a preloaded library.
+
+use crate::error::{Error, Result};
+use crate::sys::mem::{physical_memory, PAGE_SIZE};
+
+/// Which far-memory backend to use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BackendSpec {
+    /// Pages kept in this process, outside the regions (the embedded default).
+    Local { lz4: bool },
+}
+
+impl BackendSpec {
+    /// Parse `local://`, `local`, `local+lz4://`, `local+lz4`.
+    pub fn parse(s: &str) -> Result<BackendSpec> {
+        match s.trim().trim_end_matches("://") {
+            "" | "local" => Ok(BackendSpec::Local { lz4: false }),
+            "local+lz4" => Ok(BackendSpec::Local { lz4: true }),
+            other => Err(Error::Config(format!(
+                "unknown backend '{other}': expected local:// or local+lz4://"
+            ))),
+        }
+    }
+}
+
+/// Reclaim policies available (issue 5 adds more, one module each under `policy/`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PolicyKind {
+    Fifo,
+}
+
+impl PolicyKind {
+    pub fn parse(s: &str) -> Result<PolicyKind> {
+        match s.trim() {
+            "fifo" | "default" => Ok(PolicyKind::Fifo),
+            other => Err(Error::Config(format!(
+                "unknown reclaim policy '{other}': expected fifo"
+            ))),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Local memory budget shared by all regions of a runtime, in bytes (`FARMEM_LOCAL_MEM`,
+    /// bytes with optional K/M/G/T suffix, or a percentage of physical memory like `25%`).
+    pub local_mem: u64,
+    /// Far-memory backend (`FARMEM_BACKEND`).
+    pub backend: BackendSpec,
+    /// Pages evicted per reclaim batch (`FARMEM_EVICT_BATCH`, default 32).
+    pub evict_batch: usize,
+    /// Free budget the control thread keeps, in percent of the budget (`FARMEM_FREE_PCT`,
+    /// default 1).
+    pub free_pct: f64,
+    /// Reclaim policy (`FARMEM_POLICY`, default fifo).
+    pub policy: PolicyKind,
+    /// Largest read-ahead window for sequential unhinted faults, in pages
+    /// (`FARMEM_FAULT_READAHEAD`, default 64; 0 disables).
+    pub fault_readahead: usize,
+    /// Largest `rdahead` a hint may ask for, in pages (`FARMEM_MAX_RDAHEAD`, default 256).
+    pub max_rdahead: usize,
+    /// Threads reading the userfaultfd (`FARMEM_FAULT_THREADS`, default 1).
+    pub fault_threads: usize,
+    /// Busy-poll the userfaultfd this long after each event before sleeping in `poll`
+    /// (`FARMEM_FAULT_SPIN_US`, default 50). A cross-thread wake-up costs ~20 µs here.
+    pub fault_spin_us: u64,
+    /// A fault left unserved this long because the fault thread is busy (a long fetch or a
+    /// direct reclaim) is stolen and served by the control thread (`FARMEM_STEAL_US`,
+    /// default 500).
+    pub steal_after_us: u64,
+    /// Print statistics at exit (`FARMEM_STATS=1`).
+    pub stats_at_exit: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            local_mem: physical_memory() / 2,
+            backend: BackendSpec::Local { lz4: false },
+            evict_batch: 32,
+            free_pct: 1.0,
+            policy: PolicyKind::Fifo,
+            fault_readahead: 64,
+            max_rdahead: 256,
+            fault_threads: 1,
+            fault_spin_us: 50,
+            steal_after_us: 500,
+            stats_at_exit: false,
+        }
+    }
+}
+
+/// Parse a size: `4096`, `64K`, `512M`, `2G`, `1T` (binary units, optional `B`/`iB`).
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (num, mult) = match t.chars().last() {
+        Some('k' | 'K') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('m' | 'M') => (&t[..t.len() - 1], 1 << 20),
+        Some('g' | 'G') => (&t[..t.len() - 1], 1 << 30),
+        Some('t' | 'T') => (&t[..t.len() - 1], 1 << 40),
+        _ => (t, 1),
+    };
+    let bad = || Error::Config(format!("invalid size '{s}': expected e.g. 4096, 512M, 2G"));
+    let v: f64 = num.trim().parse().map_err(|_| bad())?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(bad());
+    }
+    Ok((v * mult as f64) as u64)
+}
+
+/// Parse a budget: a size, or a percentage of physical memory (`25%`).
+pub fn parse_budget(s: &str) -> Result<u64> {
+    if let Some(p) = s.trim().strip_suffix('%') {
+        let pct: f64 = p
+            .trim()
+            .parse()
+            .map_err(|_| Error::Config(format!("invalid percentage '{s}'")))?;
+        if !(0.0..=100.0).contains(&pct) || pct == 0.0 {
+            return Err(Error::Config(format!(
+                "percentage '{s}' must be in (0, 100]"
+            )));
+        }
+        return Ok((physical_memory() as f64 * pct / 100.0) as u64);
+    }
+    parse_size(s)
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+fn env_num<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
+    match env(name) {
+        None => Ok(None),
+        Some(v) => v
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| Error::Config(format!("{name}='{v}' is not a valid number"))),
+    }
+}
+
+impl Config {
+    /// Defaults overridden by `FARMEM_*` environment variables.
+    pub fn from_env() -> Result<Config> {
+        let mut c = Config::default();
+        if let Some(v) = env("FARMEM_LOCAL_MEM") {
+            c.local_mem = parse_budget(&v)?;
+        }
+        if let Some(v) = env("FARMEM_BACKEND") {
+            c.backend = BackendSpec::parse(&v)?;
+        }
+        if let Some(v) = env("FARMEM_POLICY") {
+            c.policy = PolicyKind::parse(&v)?;
+        }
+        if let Some(v) = env_num("FARMEM_EVICT_BATCH")? {
+            c.evict_batch = v;
+        }
+        if let Some(v) = env_num("FARMEM_FREE_PCT")? {
+            c.free_pct = v;
+        }
+        if let Some(v) = env_num("FARMEM_FAULT_READAHEAD")? {
+            c.fault_readahead = v;
+        }
+        if let Some(v) = env_num("FARMEM_MAX_RDAHEAD")? {
+            c.max_rdahead = v;
+        }
+        if let Some(v) = env_num("FARMEM_FAULT_THREADS")? {
+            c.fault_threads = v;
+        }
+        if let Some(v) = env_num("FARMEM_FAULT_SPIN_US")? {
+            c.fault_spin_us = v;
+        }
+        if let Some(v) = env_num("FARMEM_STEAL_US")? {
+            c.steal_after_us = v;
+        }
+        if let Some(v) = env("FARMEM_STATS") {
+            c.stats_at_exit = !matches!(v.trim(), "0" | "false" | "no" | "off");
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Reject settings the runtime cannot work with, saying why.
+    pub fn validate(&self) -> Result<()> {
+        let min = (4 * self.evict_batch.max(1) + 64) * PAGE_SIZE;
+        if (self.local_mem as usize) < min {
+            return Err(Error::Config(format!(
+                "local memory budget {} bytes is too small: at least {} bytes ({} pages) are \
+                 needed with an eviction batch of {}",
+                self.local_mem,
+                min,
+                min / PAGE_SIZE,
+                self.evict_batch
+            )));
+        }
+        if self.evict_batch == 0 || self.evict_batch > 4096 {
+            return Err(Error::Config(format!(
+                "eviction batch {} must be between 1 and 4096 pages",
+                self.evict_batch
+            )));
+        }
+        if !(0.0..=50.0).contains(&self.free_pct) {
+            return Err(Error::Config(format!(
+                "free threshold {}% must be between 0 and 50",
+                self.free_pct
+            )));
+        }
+        if self.fault_threads == 0 || self.fault_threads > 64 {
+            return Err(Error::Config(format!(
+                "fault threads {} must be between 1 and 64",
+                self.fault_threads
+            )));
+        }
+        if self.max_rdahead > 4096 || self.fault_readahead > 4096 {
+            return Err(Error::Config(
+                "read-ahead windows are limited to 4096 pages".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Budget in pages.
+    pub fn budget_pages(&self) -> usize {
+        self.local_mem as usize / PAGE_SIZE
+    }
+
+    /// Free pages the control thread keeps available.
+    pub fn free_target_pages(&self) -> usize {
+        let pct = (self.budget_pages() as f64 * self.free_pct / 100.0) as usize;
+        pct.max(self.evict_batch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("64K").unwrap(), 65536);
+        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_size("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_size("1.5G").unwrap(), 3 << 29);
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("-1G").is_err());
+        assert!(parse_budget("0%").is_err());
+        assert!(parse_budget("25%").unwrap() > 0);
+    }
+
+    #[test]
+    fn backends_parse() {
+        assert_eq!(
+            BackendSpec::parse("local://").unwrap(),
+            BackendSpec::Local { lz4: false }
+        );
+        assert_eq!(
+            BackendSpec::parse("local+lz4://").unwrap(),
+            BackendSpec::Local { lz4: true }
+        );
+        assert!(BackendSpec::parse("nfs://x").is_err());
+    }
+
+    #[test]
+    fn tiny_budget_rejected() {
+        let c = Config {
+            local_mem: 4096,
+            ..Config::default()
+        };
+        assert!(c.validate().is_err());
+    }
+}

@@ -1,0 +1,359 @@
+//! The fetch path, shared by hints (on the application thread) and unhinted faults (on the
+//! runtime's fault thread): lock the pages, reserve budget, read them from the backend (or
+//! materialize zeros), install each contiguous run with one `UFFDIO_COPY`, mark them
+//! present, release the locks and hand them to the reclaim policy.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use crate::backend::{IoClass, PageBuf, PageKey};
+use crate::error::{Error, Result};
+use crate::page_table::{self as pt, ABSENT, ACCESSED, DIRTY, EVER_WRITTEN, NOWRITE};
+use crate::page_table::{PRIO_MASK, PRIO_SHIFT, REGISTERED, REMOTE};
+use crate::reclaim;
+use crate::region::RegionInfo;
+use crate::runtime::Inner;
+use crate::stats::add;
+use crate::sys::mem::{self, PAGE_SIZE};
+use crate::sys::uffd;
+
+/// Most demanded pages locked and fetched in one go; longer hints loop.
+const DEMAND_CHUNK: usize = 256;
+/// Size of the shared read-only zero source (enough for any one run).
+const ZERO_PAGES: usize = DEMAND_CHUNK + 4096;
+
+/// Who is asking, which decides whether the caller may sleep on a locked page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// An application thread's hint: waits for pages locked by others.
+    Hint,
+    /// A runtime thread serving a userfaultfd event: never waits (it would stall every other
+    /// fault); reports `busy` so the event is retried later.
+    Fault,
+}
+
+pub(crate) struct Request {
+    /// First demanded virtual page and how many (all of them must end up present).
+    pub first: usize,
+    pub count: usize,
+    /// Demanded pages must be writable.
+    pub write: bool,
+    /// Optional extra pages after (positive) or before (negative) the demanded range.
+    pub rdahead: isize,
+    /// Install read-ahead pages writable (sequential writers) instead of write-protected.
+    pub ra_write: bool,
+    pub prio: u8,
+    pub mode: Mode,
+}
+
+#[derive(Default, Debug)]
+pub(crate) struct Outcome {
+    /// A demanded page is locked by another thread (Fault mode only).
+    pub busy: bool,
+    /// Pages installed (demanded and read-ahead).
+    pub installed: usize,
+    /// Present pages whose write protection was lifted.
+    pub unprotected: usize,
+}
+
+/// A page locked for fetching.
+#[derive(Clone, Copy)]
+struct Locked {
+    vpn: usize,
+    old: u64,
+    writable: bool,
+}
+
+fn owner_id() -> u16 {
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    thread_local!(static ID: u16 = (NEXT.fetch_add(1, Ordering::Relaxed) % 0xFFFF) as u16 + 1);
+    ID.with(|i| *i)
+}
+
+/// A read-only, never-written mapping: reads as zeros, costs no memory.
+fn zero_source() -> *const u8 {
+    static ZERO: OnceLock<usize> = OnceLock::new();
+    *ZERO.get_or_init(|| {
+        mem::map_anon(ZERO_PAGES * PAGE_SIZE, libc::PROT_READ)
+            .expect("mapping the zero source") as usize
+    }) as *const u8
+}
+
+thread_local! {
+    /// Per-thread scratch used to assemble runs that mix zero and fetched pages.
+    static SCRATCH: RefCell<Option<PageBuf>> = const { RefCell::new(None) };
+    /// Per-thread receive buffer handed to the backend (returned with the completion).
+    static RECV: RefCell<Option<PageBuf>> = const { RefCell::new(None) };
+}
+
+fn take_buf(slot: &'static std::thread::LocalKey<RefCell<Option<PageBuf>>>, pages: usize) -> PageBuf {
+    slot.with(|s| match s.borrow_mut().take() {
+        Some(b) if b.capacity() >= pages => b,
+        _ => PageBuf::new(pages.next_power_of_two().max(64)),
+    })
+}
+
+fn give_buf(slot: &'static std::thread::LocalKey<RefCell<Option<PageBuf>>>, b: PageBuf) {
+    slot.with(|s| *s.borrow_mut() = Some(b));
+}
+
+#[inline]
+fn satisfied(word: u64, write: bool) -> bool {
+    let need = if write { NOWRITE } else { ABSENT };
+    word & REGISTERED == 0 || word & need == 0
+}
+
+fn addr_of(vpn: usize) -> usize {
+    vpn * PAGE_SIZE
+}
+
+/// Make `[first, first+count)` present (and writable if asked), plus best-effort read-ahead.
+pub(crate) fn ensure(inner: &Inner, reg: &RegionInfo, req: &Request) -> Result<Outcome> {
+    let mut out = Outcome::default();
+    let end = req.first + req.count;
+    let mut vpn = req.first;
+    let me = owner_id();
+    while vpn < end {
+        let w = pt::entry(vpn);
+        if satisfied(w.load(Ordering::Acquire), req.write) {
+            vpn += 1;
+            continue;
+        }
+        let old = match pt::try_lock(w, me) {
+            Ok(old) => old,
+            Err(cur) if cur & REGISTERED == 0 => {
+                vpn += 1;
+                continue;
+            }
+            Err(_) if req.mode == Mode::Fault => {
+                out.busy = true;
+                return Ok(out);
+            }
+            Err(_) => {
+                pt::wait_unlocked(w, 1000);
+                continue;
+            }
+        };
+        if old & ABSENT == 0 {
+            // Present: either someone fetched it meanwhile, or a write needs the protection
+            // lifted (the first write to a page installed read-only).
+            let mut new = old;
+            if req.write && old & NOWRITE != 0 {
+                if let Err(e) = inner.uffd.writeprotect(addr_of(vpn), PAGE_SIZE, false) {
+                    pt::unlock(w, old);
+                    return Err(Error::sys("lifting write protection", e));
+                }
+                new = (old & !NOWRITE) | DIRTY | EVER_WRITTEN | ACCESSED;
+                out.unprotected += 1;
+            }
+            pt::unlock(w, new);
+            vpn += 1;
+            continue;
+        }
+
+        // Absent: lock the following demanded pages that are absent too, up to a chunk.
+        let mut batch = vec![Locked {
+            vpn,
+            old,
+            writable: req.write,
+        }];
+        let mut next = vpn + 1;
+        while next < end && batch.len() < DEMAND_CHUNK {
+            match lock_absent(next, me) {
+                Some(o) => batch.push(Locked {
+                    vpn: next,
+                    old: o,
+                    writable: req.write,
+                }),
+                None => break,
+            }
+            next += 1;
+        }
+        let n_demand = batch.len();
+        if next == end && req.rdahead != 0 {
+            lock_readahead(inner, reg, req, me, &mut batch);
+        }
+        vpn = next;
+        out.installed += fetch_locked(inner, reg, req, &mut batch, n_demand)?;
+    }
+    Ok(out)
+}
+
+/// Lock `vpn` if it is absent and free; `None` otherwise (left untouched).
+fn lock_absent(vpn: usize, me: u16) -> Option<u64> {
+    let w = pt::entry(vpn);
+    if w.load(Ordering::Relaxed) & (ABSENT | REGISTERED) != (ABSENT | REGISTERED) {
+        return None;
+    }
+    match pt::try_lock(w, me) {
+        Ok(o) if o & ABSENT != 0 => Some(o),
+        Ok(o) => {
+            pt::unlock(w, o);
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+/// Lock read-ahead candidates: absent, unlocked pages of the window inside the region.
+fn lock_readahead(inner: &Inner, reg: &RegionInfo, req: &Request, me: u16, batch: &mut Vec<Locked>) {
+    let r = req.rdahead.unsigned_abs().min(inner.cfg.max_rdahead.max(inner.cfg.fault_readahead));
+    let (lo, hi) = if req.rdahead > 0 {
+        let lo = req.first + req.count;
+        (lo, (lo + r).min(reg.end_vpn()))
+    } else {
+        (req.first.saturating_sub(r).max(reg.first_vpn()), req.first)
+    };
+    for v in lo..hi {
+        if let Some(o) = lock_absent(v, me) {
+            batch.push(Locked {
+                vpn: v,
+                old: o,
+                writable: req.ra_write,
+            });
+        }
+    }
+}
+
+/// Fetch and install a batch of locked absent pages (the first `n_demand` demanded).
+/// Returns the number installed; read-ahead pages that find no free budget are released.
+fn fetch_locked(
+    inner: &Inner,
+    reg: &RegionInfo,
+    req: &Request,
+    batch: &mut Vec<Locked>,
+    n_demand: usize,
+) -> Result<usize> {
+    let t0 = Instant::now();
+    reclaim::reserve(inner, n_demand);
+    let extra = batch.len() - n_demand;
+    if extra > 0 {
+        let got = reclaim::try_reserve(inner, extra);
+        for l in batch.drain(n_demand + got..) {
+            pt::unlock(pt::entry(l.vpn), l.old);
+        }
+    }
+    let (demand, ahead) = batch.split_at(n_demand);
+    install_phase(inner, reg, req, demand, IoClass::Demand)?;
+    if !ahead.is_empty() {
+        install_phase(inner, reg, req, ahead, IoClass::Prefetch)?;
+        add(&inner.stats.c.readahead_pages, ahead.len() as u64);
+    }
+    let vpns: Vec<usize> = batch.iter().map(|l| l.vpn).collect();
+    inner.policy.lock().insert(&vpns, req.prio);
+    inner.stats.record_fetch(t0.elapsed().as_nanos() as u64);
+    Ok(batch.len())
+}
+
+/// Read one class of pages (ascending vpn order) and install them run by run.
+fn install_phase(
+    inner: &Inner,
+    reg: &RegionInfo,
+    req: &Request,
+    pages: &[Locked],
+    class: IoClass,
+) -> Result<()> {
+    let mut keys = Vec::new();
+    for l in pages {
+        if l.old & REMOTE != 0 {
+            keys.push(PageKey {
+                region: reg.id,
+                page: reg.index_of(l.vpn),
+            });
+        } else if l.old & EVER_WRITTEN != 0 {
+            return Err(Error::Backend {
+                backend: inner.backend.describe(),
+                msg: format!(
+                    "page at {:#x} was written but has no far copy; refusing to zero it",
+                    addr_of(l.vpn)
+                ),
+            });
+        }
+    }
+    let received = if keys.is_empty() {
+        None
+    } else {
+        let n = keys.len();
+        let buf = take_buf(&RECV, n);
+        let done = inner
+            .backend
+            .submit_read(class, keys, buf)
+            .wait()
+            .map_err(|e| Error::Backend {
+                backend: inner.backend.describe(),
+                msg: format!("reading {n} page(s) of region {}: {e}", reg.id),
+            })?;
+        add(&inner.stats.c.pages_fetched, n as u64);
+        add(&inner.stats.c.bytes_read, (n * PAGE_SIZE) as u64);
+        Some(done.buf)
+    };
+
+    let mut packed = 0usize; // index of the next fetched page in `received`
+    let mut i = 0;
+    while i < pages.len() {
+        // A run: consecutive pages with the same protection.
+        let mut j = i + 1;
+        while j < pages.len()
+            && pages[j].vpn == pages[j - 1].vpn + 1
+            && pages[j].writable == pages[i].writable
+        {
+            j += 1;
+        }
+        let run = &pages[i..j];
+        let remote = run.iter().filter(|l| l.old & REMOTE != 0).count();
+        let mut scratch = None;
+        let src: *const u8 = if remote == 0 {
+            add(&inner.stats.c.zero_fills, run.len() as u64);
+            zero_source()
+        } else if remote == run.len() {
+            // SAFETY: `received` holds keys.len() pages; this run's pages are the next
+            // `run.len()` of them, in order.
+            unsafe { received.as_ref().expect("fetched pages").as_ptr().add(packed * PAGE_SIZE) }
+        } else {
+            let mut s = take_buf(&SCRATCH, run.len());
+            s.set_len(run.len());
+            let rb = received.as_ref().expect("fetched pages");
+            let mut p = packed;
+            for (k, l) in run.iter().enumerate() {
+                if l.old & REMOTE != 0 {
+                    s.page_mut(k).copy_from_slice(rb.page(p));
+                    p += 1;
+                } else {
+                    s.page_mut(k).fill(0);
+                    add(&inner.stats.c.zero_fills, 1);
+                }
+            }
+            let ptr = s.as_ptr();
+            scratch = Some(s);
+            ptr
+        };
+        packed += remote;
+        let mode = if run[0].writable { 0 } else { uffd::COPY_MODE_WP };
+        inner
+            .uffd
+            .copy(addr_of(run[0].vpn), src, run.len() * PAGE_SIZE, mode)
+            .map_err(|e| Error::sys("installing pages (UFFDIO_COPY)", e))?;
+        add(&inner.stats.c.install_ioctls, 1);
+        add(&inner.stats.c.pages_installed, run.len() as u64);
+        if let Some(s) = scratch {
+            give_buf(&SCRATCH, s);
+        }
+        let prio = ((req.prio as u64) << PRIO_SHIFT) & PRIO_MASK;
+        for l in run {
+            let keep = l.old & !(ABSENT | NOWRITE | DIRTY | PRIO_MASK);
+            let new = if l.writable {
+                keep | DIRTY | EVER_WRITTEN
+            } else {
+                keep | NOWRITE
+            };
+            pt::unlock(pt::entry(l.vpn), new | ACCESSED | prio);
+        }
+        i = j;
+    }
+    if let Some(b) = received {
+        give_buf(&RECV, b);
+    }
+    Ok(())
+}

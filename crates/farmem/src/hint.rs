@@ -1,0 +1,109 @@
+//! Hints: software guards placed before accesses that may touch far memory.
+//!
+//! The fast path is inlined at the call site: one table load, one bit test, no call and no
+//! syscall when the page is already present with the needed permission (the same check as
+//! `include/farmem.h`). Otherwise the slow path locks and fetches the page(s) on the calling
+//! thread, with as much read-ahead as the hint asks for. Hints on memory outside any region
+//! do nothing.
+
+use std::cell::Cell;
+use std::sync::atomic::Ordering;
+
+use crate::fetch::{self, Mode, Request};
+use crate::page_table::{fm_guard, ABSENT, NOWRITE};
+use crate::runtime;
+use crate::stats::add;
+use crate::sys::mem::{PAGE_SHIFT, PAGE_SIZE};
+
+/// The hinted access will write.
+pub const FM_WRITE: u32 = 1;
+/// Sequential hint: skip the work when the hint lands on the same page as this thread's
+/// previous `FM_SEQ` hint.
+pub const FM_SEQ: u32 = 2;
+
+#[inline(always)]
+fn needs_work(addr: usize, bit: u64) -> bool {
+    // Mask before table: the table is published before the mask, so a non-zero mask implies
+    // the real table (see page_table::init).
+    let mask = fm_guard.mask.load(Ordering::Acquire);
+    let table = fm_guard.table.load(Ordering::Relaxed);
+    // SAFETY: the index is masked to the table's size (or to 0 when the table is not yet
+    // reserved, where `table` points at a static zero word); the table is never unmapped.
+    let w = unsafe { (*table.add((addr >> PAGE_SHIFT) & mask)).load(Ordering::Relaxed) };
+    w & bit != 0
+}
+
+/// The next access to `addr` will read it: make its page local if it is not.
+#[inline(always)]
+pub fn hint<T: ?Sized>(addr: *const T) {
+    let a = addr as *const u8 as usize;
+    if needs_work(a, ABSENT) {
+        hint_slow(a, 1, 0, 0, 0);
+    }
+}
+
+/// The next access to `addr` will write it.
+#[inline(always)]
+pub fn hint_write<T: ?Sized>(addr: *const T) {
+    let a = addr as *const u8 as usize;
+    if needs_work(a, NOWRITE) {
+        hint_slow(a, 1, FM_WRITE, 0, 0);
+    }
+}
+
+/// Extended hint: `len` bytes from `addr` will be accessed (`FM_WRITE` if written); also
+/// fetch up to `rdahead` pages after the range (before it if negative) when they are absent;
+/// pages fetched get eviction priority `ev_prio` (higher is evicted first by policies that
+/// use it).
+#[inline(always)]
+pub fn hint_ex<T: ?Sized>(addr: *const T, len: usize, flags: u32, rdahead: i32, ev_prio: u8) {
+    let a = addr as *const u8 as usize;
+    let bit = if flags & FM_WRITE != 0 { NOWRITE } else { ABSENT };
+    // The inline check covers the first page; multi-page ranges go to the runtime.
+    if needs_work(a, bit) || (len > 1 && (a & (PAGE_SIZE - 1)) + len > PAGE_SIZE) {
+        hint_slow(a, len, flags, rdahead, ev_prio);
+    }
+}
+
+thread_local!(static LAST_SEQ_PAGE: Cell<usize> = const { Cell::new(usize::MAX) });
+
+/// The out-of-line part of every hint (also the C ABI's `fm_hint_slow`).
+#[inline(never)]
+pub fn hint_slow(addr: usize, len: usize, flags: u32, rdahead: i32, ev_prio: u8) {
+    if addr == 0 {
+        return;
+    }
+    let first_vpn = addr >> PAGE_SHIFT;
+    if flags & FM_SEQ != 0 {
+        let repeat = LAST_SEQ_PAGE.with(|c| c.replace(first_vpn)) == first_vpn;
+        if repeat {
+            return;
+        }
+    }
+    let Some((inner, reg)) = runtime::lookup(addr) else {
+        return;
+    };
+    add(&inner.stats.c.hint_calls, 1);
+    // Clip the range to the region (a huge length is not an error, just more than exists),
+    // and to a quarter of the budget so one hint cannot thrash the whole local memory.
+    let end_addr = addr.saturating_add(len.max(1)).min(reg.end());
+    let end_vpn = (end_addr + PAGE_SIZE - 1) >> PAGE_SHIFT;
+    let count = (end_vpn - first_vpn).clamp(1, (inner.budget / 4).max(1));
+    let max_ra = inner.cfg.max_rdahead as i64;
+    let rdahead = (rdahead as i64).clamp(-max_ra, max_ra) as isize;
+    let write = flags & FM_WRITE != 0;
+    let req = Request {
+        first: first_vpn,
+        count,
+        write,
+        rdahead,
+        ra_write: false,
+        prio: ev_prio.min(7),
+        mode: Mode::Hint,
+    };
+    match fetch::ensure(&inner, &reg, &req) {
+        Ok(o) if o.installed + o.unprotected > 0 => add(&inner.stats.c.hint_misses, 1),
+        Ok(_) => add(&inner.stats.c.hint_hits, 1),
+        Err(e) => crate::fatal(&format!("hint at {addr:#x} failed: {e}")),
+    }
+}

@@ -1,0 +1,45 @@
+//! farmem: a far-memory runtime for Linux.
+//!
+//! A [`Runtime`] owns a local-memory budget, a backend that holds pages when they are not
+//! local, and the threads that move pages. [`Region`]s are plain memory to the program;
+//! pages that are not local are fetched on access (a page fault delivered through
+//! userfaultfd) or, faster, before the access when the program [`hint`]s it.
+//!
+//! ```no_run
+//! use farmem::{Config, Runtime};
+//! let rt = Runtime::new(Config { local_mem: 64 << 20, ..Config::default() }).unwrap();
+//! let region = rt.create_region(1 << 30).unwrap(); // 1 GiB, 64 MiB of it local at most
+//! let p = region.as_mut_ptr();
+//! farmem::hint_write(p);
+//! unsafe { p.write(42) };
+//! ```
+
+pub mod backend;
+mod capi;
+pub mod config;
+pub mod error;
+mod fault;
+mod fetch;
+mod hint;
+pub mod page_table;
+pub mod policy;
+mod reclaim;
+mod region;
+mod runtime;
+pub mod stats;
+pub mod sys;
+
+pub use config::{BackendSpec, Config, PolicyKind};
+pub use error::{Error, Result};
+pub use hint::{hint, hint_ex, hint_slow, hint_write, FM_SEQ, FM_WRITE};
+pub use region::Region;
+pub use runtime::Runtime;
+pub use stats::StatsSnapshot;
+pub use sys::mem::PAGE_SIZE;
+
+/// Stop the program with a message naming the cause. Used where continuing would mean
+/// handing the program wrong data (a page that cannot be fetched): never zeros instead.
+pub(crate) fn fatal(msg: &str) -> ! {
+    eprintln!("farmem: fatal: {msg}");
+    std::process::abort()
+}

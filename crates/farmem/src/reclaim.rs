@@ -1,0 +1,269 @@
+//! Reclaim: keep the resident set within the budget.
+//!
+//! The control thread keeps at least `free_target` pages of budget free by evicting batches
+//! chosen by the policy. A batch: lock the victims, write-protect the dirty ones (so a
+//! concurrent write faults and waits instead of being lost), copy them out and write them to
+//! the backend, and only after the backend acknowledges, unmap the whole batch with one
+//! vectored `process_madvise(MADV_DONTNEED)`. Clean pages whose current contents are in the
+//! backend (or that were never written) are dropped without I/O. A thread that needs budget
+//! when none is free reclaims for itself (Fastswap's direct reclaim past the slack).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::backend::{BackendError, IoClass, PageBuf, PageKey};
+use crate::page_table::{self as pt, ABSENT, ACCESSED, DIRTY, EVICTING, NOWRITE};
+use crate::page_table::{PRIO_MASK, REGISTERED, REMOTE};
+use crate::runtime::Inner;
+use crate::stats::add;
+use crate::sys::mem::PAGE_SIZE;
+
+/// Reserve `n` pages of budget, reclaiming on this thread if none is free.
+pub(crate) fn reserve(inner: &Inner, n: usize) {
+    let mut idle_rounds = 0u32;
+    loop {
+        let cur = inner.resident.load(Ordering::Relaxed);
+        if cur + n <= inner.budget {
+            if inner
+                .resident
+                .compare_exchange_weak(cur, cur + n, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                after_reserve(inner, cur + n);
+                return;
+            }
+            continue;
+        }
+        inner.kick_control();
+        add(&inner.stats.c.direct_reclaims, 1);
+        if evict_batch(inner, inner.cfg.evict_batch.max(n)) == 0 {
+            // Everything resident is locked by in-flight work; it will become evictable.
+            idle_rounds += 1;
+            if idle_rounds > 100 {
+                std::thread::sleep(Duration::from_micros(100));
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// Reserve up to `n` pages without reclaiming (for read-ahead); returns how many.
+pub(crate) fn try_reserve(inner: &Inner, n: usize) -> usize {
+    let mut cur = inner.resident.load(Ordering::Relaxed);
+    loop {
+        let take = n.min(inner.budget.saturating_sub(cur));
+        if take == 0 {
+            return 0;
+        }
+        match inner.resident.compare_exchange_weak(
+            cur,
+            cur + take,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => {
+                after_reserve(inner, cur + take);
+                return take;
+            }
+            Err(c) => cur = c,
+        }
+    }
+}
+
+fn after_reserve(inner: &Inner, now: usize) {
+    inner.stats.note_resident(now as u64);
+    if inner.budget - now < inner.free_target {
+        inner.kick_control();
+    }
+}
+
+struct Victim {
+    vpn: usize,
+    old: u64,
+}
+
+/// Merge ascending page numbers into `(addr, len)` ranges.
+fn ranges_of(vpns: impl Iterator<Item = usize>) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for v in vpns {
+        let a = v * PAGE_SIZE;
+        match out.last_mut() {
+            Some((s, l)) if *s + *l == a => *l += PAGE_SIZE,
+            _ => out.push((a, PAGE_SIZE)),
+        }
+    }
+    out
+}
+
+/// Evict up to `max` pages. Returns how many left local memory.
+pub(crate) fn evict_batch(inner: &Inner, max: usize) -> usize {
+    let t0 = Instant::now();
+    let mut cands = Vec::with_capacity(max);
+    inner.policy.lock().take_victims(max, &mut cands);
+    if cands.is_empty() {
+        return 0;
+    }
+    let mut victims = Vec::with_capacity(cands.len());
+    let mut busy = Vec::new();
+    for v in cands {
+        let w = pt::entry(v);
+        match pt::try_lock(w, 0) {
+            Ok(old) if old & ABSENT == 0 => {
+                w.fetch_or(EVICTING, Ordering::AcqRel);
+                victims.push(Victim { vpn: v, old });
+            }
+            // Not resident any more (cannot normally happen): forget it.
+            Ok(old) => pt::unlock(w, old),
+            // Locked by a fetch or write-unprotect: try again later.
+            Err(cur) if cur & REGISTERED != 0 => busy.push(v),
+            // Region gone.
+            Err(_) => {}
+        }
+    }
+    if !busy.is_empty() {
+        let mut p = inner.policy.lock();
+        for v in busy {
+            p.reinsert(v);
+        }
+    }
+    if victims.is_empty() {
+        return 0;
+    }
+    victims.sort_unstable_by_key(|v| v.vpn);
+
+    // Write back the dirty ones, after write-protecting them so their contents are stable.
+    let dirty: Vec<&Victim> = victims.iter().filter(|v| v.old & DIRTY != 0).collect();
+    let mut kept_local: Vec<usize> = Vec::new();
+    if !dirty.is_empty() {
+        let mut wp_failed = false;
+        for (start, len) in ranges_of(dirty.iter().map(|v| v.vpn)) {
+            if let Err(e) = inner.uffd.writeprotect(start, len, true) {
+                tracing::error!("write-protecting pages for eviction failed: {e}");
+                wp_failed = true;
+            }
+        }
+        let result = if wp_failed {
+            Err(BackendError::Failed("write-protect failed".into()))
+        } else {
+            write_back(inner, &dirty)
+        };
+        match result {
+            Ok(()) => {
+                add(&inner.stats.c.pages_written_back, dirty.len() as u64);
+                add(&inner.stats.c.bytes_written, (dirty.len() * PAGE_SIZE) as u64);
+            }
+            Err(e) => {
+                if matches!(e, BackendError::Full(_)) {
+                    add(&inner.stats.c.backend_full, dirty.len() as u64);
+                    tracing::warn!("far memory full, keeping {} pages local: {e}", dirty.len());
+                } else {
+                    tracing::error!("write-back failed, keeping {} pages local: {e}", dirty.len());
+                }
+                kept_local = dirty.iter().map(|v| v.vpn).collect();
+            }
+        }
+    }
+
+    // Pages kept local stay present (write-protected now: the next write is noticed).
+    if !kept_local.is_empty() {
+        let mut p = inner.policy.lock();
+        for v in victims.iter().filter(|v| kept_local.binary_search(&v.vpn).is_ok()) {
+            pt::unlock(pt::entry(v.vpn), (v.old | NOWRITE) & !EVICTING);
+            p.reinsert(v.vpn);
+        }
+        victims.retain(|v| kept_local.binary_search(&v.vpn).is_err());
+    }
+    if victims.is_empty() {
+        return 0;
+    }
+
+    let ranges = ranges_of(victims.iter().map(|v| v.vpn));
+    match inner.unmapper.dontneed(&ranges) {
+        Ok(calls) => add(&inner.stats.c.unmap_syscalls, calls as u64),
+        Err(e) => {
+            // Cannot happen for our own mappings; if it does, leave the pages as they are.
+            tracing::error!("unmapping evicted pages failed: {e}");
+            for v in &victims {
+                pt::unlock(pt::entry(v.vpn), v.old & !EVICTING);
+            }
+            inner.policy.lock().insert(&victims.iter().map(|v| v.vpn).collect::<Vec<_>>(), 0);
+            return 0;
+        }
+    }
+    let n = victims.len();
+    let mut clean = 0u64;
+    for v in &victims {
+        let was_dirty = v.old & DIRTY != 0;
+        if !was_dirty {
+            clean += 1;
+        }
+        let mut new = (v.old & !(DIRTY | ACCESSED | EVICTING | PRIO_MASK)) | ABSENT | NOWRITE;
+        if was_dirty {
+            new |= REMOTE;
+        }
+        pt::unlock(pt::entry(v.vpn), new);
+    }
+    inner.resident.fetch_sub(n, Ordering::AcqRel);
+    add(&inner.stats.c.pages_evicted, n as u64);
+    add(&inner.stats.c.clean_drops, clean);
+    inner.stats.record_evict(t0.elapsed().as_nanos() as u64);
+    n
+}
+
+/// Copy the (write-protected) dirty victims out and write them to the backend; returns once
+/// the backend has acknowledged.
+fn write_back(inner: &Inner, dirty: &[&Victim]) -> Result<(), BackendError> {
+    let mut buf = PageBuf::new(dirty.len());
+    buf.set_len(dirty.len());
+    let mut keys = Vec::with_capacity(dirty.len());
+    for (i, v) in dirty.iter().enumerate() {
+        let addr = v.vpn * PAGE_SIZE;
+        let reg = inner
+            .region_of(addr)
+            .ok_or_else(|| BackendError::Failed(format!("page {addr:#x} has no region")))?;
+        keys.push(PageKey {
+            region: reg.id,
+            page: reg.index_of(v.vpn),
+        });
+        // SAFETY: the page is locked by us, present and write-protected: it stays mapped
+        // and unchanged until we unmap it, so reading 4 KiB from it is sound.
+        let src = unsafe { std::slice::from_raw_parts(addr as *const u8, PAGE_SIZE) };
+        buf.page_mut(i).copy_from_slice(src);
+    }
+    inner
+        .backend
+        .submit_write(IoClass::WriteBack, keys, buf)
+        .wait()
+        .map(|_| ())
+}
+
+/// The control thread: reclaims ahead of demand and steals faults from a busy fault thread.
+pub(crate) fn control_thread(inner: Arc<Inner>) {
+    let steal_after = inner.cfg.steal_after_us * 1000;
+    let tick = Duration::from_micros(inner.cfg.steal_after_us.clamp(100, 10_000));
+    let mut stealer = crate::fault::FaultServer::new(&inner);
+    while !inner.shutdown.load(Ordering::Acquire) {
+        let busy = inner.fault_busy_since.load(Ordering::Acquire);
+        if busy != 0 && inner.now_ns().saturating_sub(busy) > steal_after {
+            stealer.steal(&inner);
+        }
+        if inner.free_pages() < inner.free_target {
+            let goal = (inner.free_target + inner.cfg.evict_batch).min(inner.budget);
+            while inner.free_pages() < goal && !inner.shutdown.load(Ordering::Acquire) {
+                if evict_batch(&inner, inner.cfg.evict_batch) == 0 {
+                    std::thread::yield_now();
+                    break;
+                }
+            }
+            continue;
+        }
+        let mut g = inner.control_lock.lock();
+        inner.control_sleeping.store(true, Ordering::SeqCst);
+        if inner.free_pages() >= inner.free_target && !inner.shutdown.load(Ordering::Acquire) {
+            inner.control_cv.wait_for(&mut g, tick);
+        }
+        inner.control_sleeping.store(false, Ordering::SeqCst);
+    }
+}

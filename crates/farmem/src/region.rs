@@ -1,0 +1,202 @@
+//! Far-memory regions: anonymous mappings registered with the runtime's userfaultfd, whose
+//! pages the runtime moves between local memory and the backend.
+
+use std::sync::atomic::Ordering;
+
+use crate::error::{Error, Result};
+use crate::page_table::{self, ABSENT, LOCKED};
+use crate::runtime::{Inner, Runtime};
+use crate::sys::mem::{self, PAGE_SHIFT, PAGE_SIZE};
+use crate::sys::uffd;
+
+/// Where a region lives (copied freely; the [`Region`] handle owns the mapping).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegionInfo {
+    pub id: u32,
+    pub base: usize,
+    pub npages: usize,
+}
+
+impl RegionInfo {
+    pub fn end(&self) -> usize {
+        self.base + self.npages * PAGE_SIZE
+    }
+
+    pub fn first_vpn(&self) -> usize {
+        self.base >> PAGE_SHIFT
+    }
+
+    pub fn end_vpn(&self) -> usize {
+        self.first_vpn() + self.npages
+    }
+
+    /// Page index within the region (the backend's key) of a virtual page number.
+    pub fn index_of(&self, vpn: usize) -> u64 {
+        (vpn - self.first_vpn()) as u64
+    }
+}
+
+/// Map and register a region of `len` bytes (a page multiple).
+pub(crate) fn map(inner: &Inner, id: u32, len: usize) -> Result<RegionInfo> {
+    let base = mem::map_anon(len, libc::PROT_READ | libc::PROT_WRITE)
+        .map_err(|e| Error::sys("mapping region", e))? as usize;
+    let info = RegionInfo {
+        id,
+        base,
+        npages: len / PAGE_SIZE,
+    };
+    let undo = |e: Error| {
+        // SAFETY: the mapping was created above and is not yet visible to anyone.
+        unsafe { mem::unmap(base as *mut u8, len) };
+        e
+    };
+    // The runtime installs and evicts 4 KiB pages; huge pages would defeat both.
+    let _ = mem::madvise(base, len, libc::MADV_NOHUGEPAGE);
+    page_table::register(info.first_vpn(), info.npages)
+        .map_err(|e| undo(Error::sys("page metadata", e)))?;
+    let ioctls = inner
+        .uffd
+        .register(
+            base,
+            len,
+            uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP,
+        )
+        .map_err(|e| {
+            page_table::unregister(info.first_vpn(), info.npages);
+            undo(Error::sys(
+                "registering region with userfaultfd (missing + write-protect)",
+                e,
+            ))
+        })?;
+    let needed = uffd::IOCTL_BIT_COPY | uffd::IOCTL_BIT_WAKE | uffd::IOCTL_BIT_WRITEPROTECT;
+    if ioctls & needed != needed {
+        let _ = inner.uffd.unregister(base, len);
+        page_table::unregister(info.first_vpn(), info.npages);
+        return Err(undo(Error::Config(
+            "this kernel's userfaultfd lacks UFFDIO_COPY/WAKE/WRITEPROTECT on anonymous memory"
+                .into(),
+        )));
+    }
+    if let Err(e) = inner.backend.open_region(id, info.npages as u64) {
+        let _ = inner.uffd.unregister(base, len);
+        page_table::unregister(info.first_vpn(), info.npages);
+        return Err(undo(Error::Backend {
+            backend: inner.backend.describe(),
+            msg: e.to_string(),
+        }));
+    }
+    Ok(info)
+}
+
+/// Tear a region down: forget its pages in the policy, wait for in-flight transitions,
+/// return its budget, unmap it and drop its far copies.
+pub(crate) fn unmap(inner: &Inner, info: &RegionInfo) {
+    inner
+        .policy
+        .lock()
+        .remove_range(info.first_vpn(), info.npages);
+    let mut present = 0usize;
+    for vpn in info.first_vpn()..info.end_vpn() {
+        let w = page_table::entry(vpn);
+        loop {
+            let cur = w.load(Ordering::Acquire);
+            if cur & LOCKED == 0 {
+                if cur & ABSENT == 0 {
+                    present += 1;
+                }
+                break;
+            }
+            page_table::wait_unlocked(w, 1000);
+        }
+    }
+    page_table::unregister(info.first_vpn(), info.npages);
+    let _ = inner.uffd.unregister(info.base, info.npages * PAGE_SIZE);
+    // SAFETY: the region's handle is being dropped and its metadata cleared: nothing the
+    // runtime does refers to these addresses any more.
+    unsafe { mem::unmap(info.base as *mut u8, info.npages * PAGE_SIZE) };
+    inner.resident.fetch_sub(present, Ordering::Relaxed);
+    inner.backend.close_region(info.id);
+}
+
+/// A far-memory region. Its memory is ordinary memory to the program: read and write it
+/// through [`Region::as_mut_ptr`]; hints make accesses cheaper but are never required.
+/// Dropping the region frees it (all its pages, local and far).
+pub struct Region {
+    rt: Runtime,
+    info: RegionInfo,
+}
+
+impl Region {
+    pub(crate) fn new(rt: Runtime, info: RegionInfo) -> Region {
+        Region { rt, info }
+    }
+
+    pub fn as_ptr(&self) -> *const u8 {
+        self.info.base as *const u8
+    }
+
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.info.base as *mut u8
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.info.npages * PAGE_SIZE
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.info.npages == 0
+    }
+
+    pub fn id(&self) -> u32 {
+        self.info.id
+    }
+
+    pub fn runtime(&self) -> &Runtime {
+        &self.rt
+    }
+
+    /// Whether the page holding `offset` is local right now (for tests and tools).
+    pub fn is_resident(&self, offset: usize) -> bool {
+        assert!(offset < self.len(), "offset out of region");
+        let w = page_table::entry((self.info.base + offset) >> PAGE_SHIFT).load(Ordering::Acquire);
+        w & ABSENT == 0
+    }
+
+    /// The region's memory as a byte slice.
+    ///
+    /// # Safety
+    /// The caller must make sure no other thread writes the region while the slice lives
+    /// (the usual aliasing rules; the runtime itself never changes page contents).
+    pub unsafe fn as_slice(&self) -> &[u8] {
+        // SAFETY: the mapping spans len() bytes for the region's life; aliasing is the
+        // caller's promise.
+        unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len()) }
+    }
+
+    /// The region's memory as a mutable byte slice.
+    ///
+    /// # Safety
+    /// As [`Region::as_slice`], and no other reference to the memory may be used meanwhile.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn as_mut_slice(&self) -> &mut [u8] {
+        // SAFETY: as above; exclusivity is the caller's promise.
+        unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr(), self.len()) }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        self.rt.destroy_region(&self.info);
+    }
+}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region")
+            .field("id", &self.info.id)
+            .field("base", &format_args!("{:#x}", self.info.base))
+            .field("len", &self.len())
+            .finish()
+    }
+}

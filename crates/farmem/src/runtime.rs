@@ -1,0 +1,279 @@
+//! The runtime: one userfaultfd, one local-memory budget, one backend, one reclaim policy and
+//! one set of threads (fault thread(s) and the control thread), shared by all its regions.
+
+use std::collections::BTreeMap;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::backend::{self, Backend};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::policy::{self, Policy};
+use crate::region::{Region, RegionInfo};
+use crate::stats::{Stats, StatsSnapshot};
+use crate::sys::mem::{Unmapper, PAGE_SIZE};
+use crate::sys::uffd::{self, Uffd};
+use crate::{fault, page_table, reclaim};
+
+/// State shared by the runtime's threads and every thread that hints or faults.
+pub(crate) struct Inner {
+    pub cfg: Config,
+    pub uffd: Uffd,
+    pub unmapper: Unmapper,
+    pub backend: Arc<dyn Backend>,
+    pub policy: Mutex<Box<dyn Policy>>,
+    /// Budget and free target, in pages.
+    pub budget: usize,
+    pub free_target: usize,
+    /// Pages installed plus pages reserved by in-flight fetches.
+    pub resident: AtomicUsize,
+    pub stats: Stats,
+    pub shutdown: AtomicBool,
+    /// Control thread wake-up.
+    pub control_lock: Mutex<()>,
+    pub control_cv: Condvar,
+    pub control_sleeping: AtomicBool,
+    /// eventfd that wakes the fault threads out of poll() at shutdown.
+    pub wake_fd: OwnedFd,
+    /// Nanoseconds since `epoch` at which the fault thread began serving its current batch
+    /// (0: idle). The control thread steals faults when this gets old.
+    pub fault_busy_since: AtomicU64,
+    pub epoch: Instant,
+    pub regions: RwLock<BTreeMap<usize, RegionInfo>>,
+    next_region: AtomicU32,
+}
+
+impl Inner {
+    pub fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64 + 1
+    }
+
+    /// The region of this runtime containing `addr`.
+    pub fn region_of(&self, addr: usize) -> Option<RegionInfo> {
+        let regions = self.regions.read();
+        let (_, r) = regions.range(..=addr).next_back()?;
+        (addr < r.end()).then_some(*r)
+    }
+
+    pub fn free_pages(&self) -> usize {
+        self.budget
+            .saturating_sub(self.resident.load(Ordering::Relaxed))
+    }
+
+    /// Ask the control thread to reclaim (cheap when it is already awake).
+    pub fn kick_control(&self) {
+        if self.control_sleeping.load(Ordering::Relaxed) {
+            let _g = self.control_lock.lock();
+            self.control_cv.notify_one();
+        }
+    }
+
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let mut s = self.stats.snapshot();
+        s.budget_bytes = (self.budget * PAGE_SIZE) as u64;
+        s.resident_pages = self.resident.load(Ordering::Relaxed) as u64;
+        s.backend_bytes = self.backend.stored_bytes();
+        s
+    }
+}
+
+/// Process-wide index of all regions of all runtimes, for the hint slow path (which knows
+/// only an address).
+struct RegistryEntry {
+    end: usize,
+    info: RegionInfo,
+    rt: Weak<Inner>,
+}
+
+static REGISTRY: RwLock<BTreeMap<usize, RegistryEntry>> = RwLock::new(BTreeMap::new());
+
+/// Find the runtime and region holding `addr`.
+pub(crate) fn lookup(addr: usize) -> Option<(Arc<Inner>, RegionInfo)> {
+    let reg = REGISTRY.read();
+    let (_, e) = reg.range(..=addr).next_back()?;
+    if addr >= e.end {
+        return None;
+    }
+    Some((e.rt.upgrade()?, e.info))
+}
+
+struct Shared {
+    inner: Arc<Inner>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.inner.shutdown.store(true, Ordering::SeqCst);
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes from a live u64 to our own eventfd.
+        unsafe {
+            libc::write(
+                std::os::fd::AsRawFd::as_raw_fd(&self.inner.wake_fd),
+                &one as *const u64 as *const libc::c_void,
+                8,
+            )
+        };
+        {
+            let _g = self.inner.control_lock.lock();
+            self.inner.control_cv.notify_all();
+        }
+        for t in self.threads.lock().drain(..) {
+            let _ = t.join();
+        }
+        if self.inner.cfg.stats_at_exit {
+            eprintln!("{}", self.inner.snapshot());
+        }
+    }
+}
+
+/// A far-memory runtime. Cheap to clone; its threads stop when the last clone and the last
+/// of its regions are dropped.
+#[derive(Clone)]
+pub struct Runtime {
+    shared: Arc<Shared>,
+}
+
+impl Runtime {
+    /// Start a runtime with its own budget, backend and threads.
+    pub fn new(cfg: Config) -> Result<Runtime> {
+        cfg.validate()?;
+        page_table::init().map_err(|e| Error::sys("page table", e))?;
+        let uffd = Uffd::open(uffd::FEATURE_PAGEFAULT_FLAG_WP | uffd::FEATURE_THREAD_ID)
+            .map_err(|e| Error::sys("opening userfaultfd", e))?;
+        // SAFETY: eventfd has no memory-safety preconditions.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if efd < 0 {
+            return Err(Error::sys("eventfd", std::io::Error::last_os_error()));
+        }
+        // SAFETY: fresh descriptor from the kernel.
+        let wake_fd = unsafe { OwnedFd::from_raw_fd(efd) };
+        let inner = Arc::new(Inner {
+            budget: cfg.budget_pages(),
+            free_target: cfg.free_target_pages(),
+            backend: backend::from_spec(&cfg.backend),
+            policy: Mutex::new(policy::build(cfg.policy)),
+            cfg,
+            uffd,
+            unmapper: Unmapper::new(),
+            resident: AtomicUsize::new(0),
+            stats: Stats::default(),
+            shutdown: AtomicBool::new(false),
+            control_lock: Mutex::new(()),
+            control_cv: Condvar::new(),
+            control_sleeping: AtomicBool::new(false),
+            wake_fd,
+            fault_busy_since: AtomicU64::new(0),
+            epoch: Instant::now(),
+            regions: RwLock::new(BTreeMap::new()),
+            next_region: AtomicU32::new(1),
+        });
+        let mut threads = Vec::new();
+        for i in 0..inner.cfg.fault_threads {
+            let inn = inner.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("farmem-fault-{i}"))
+                    .spawn(move || fault::fault_thread(inn))
+                    .map_err(|e| Error::sys("starting fault thread", e))?,
+            );
+        }
+        let inn = inner.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("farmem-control".into())
+                .spawn(move || reclaim::control_thread(inn))
+                .map_err(|e| Error::sys("starting control thread", e))?,
+        );
+        tracing::debug!(
+            budget_pages = inner.budget,
+            backend = %inner.backend.describe(),
+            vectored_unmap = inner.unmapper.is_vectored(),
+            "farmem runtime started"
+        );
+        Ok(Runtime {
+            shared: Arc::new(Shared {
+                inner,
+                threads: Mutex::new(threads),
+            }),
+        })
+    }
+
+    /// The process-wide runtime configured from `FARMEM_*` environment variables (what the C
+    /// API and the preloaded library use). Started on first use.
+    pub fn global() -> Result<&'static Runtime> {
+        static GLOBAL: OnceLock<std::result::Result<Runtime, String>> = OnceLock::new();
+        let r = GLOBAL.get_or_init(|| {
+            let rt = Config::from_env()
+                .and_then(Runtime::new)
+                .map_err(|e| e.to_string())?;
+            if rt.config().stats_at_exit {
+                extern "C" fn print_stats() {
+                    if let Ok(rt) = Runtime::global() {
+                        eprintln!("{}", rt.stats());
+                    }
+                }
+                // SAFETY: registering a plain extern "C" function with no arguments.
+                unsafe { libc::atexit(print_stats) };
+            }
+            Ok(rt)
+        });
+        r.as_ref().map_err(|m| Error::Config(m.clone()))
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.shared.inner
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.shared.inner.cfg
+    }
+
+    /// Statistics so far.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.shared.inner.snapshot()
+    }
+
+    /// Description of the backend in use.
+    pub fn backend_name(&self) -> String {
+        self.shared.inner.backend.describe()
+    }
+
+    /// Create a far-memory region of `size` bytes (rounded up to whole pages). The region
+    /// may be far larger than the local budget; pages that were never written cost nothing.
+    pub fn create_region(&self, size: usize) -> Result<Region> {
+        let inner = self.inner();
+        if size == 0 {
+            return Err(Error::Invalid("region size must be positive".into()));
+        }
+        if size > 1 << 45 {
+            return Err(Error::Invalid(format!(
+                "region size {size} exceeds the 32 TiB limit"
+            )));
+        }
+        let len = size.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        let id = inner.next_region.fetch_add(1, Ordering::Relaxed);
+        let info = crate::region::map(inner, id, len)?;
+        REGISTRY.write().insert(
+            info.base,
+            RegistryEntry {
+                end: info.end(),
+                info,
+                rt: Arc::downgrade(inner),
+            },
+        );
+        inner.regions.write().insert(info.base, info);
+        Ok(Region::new(self.clone(), info))
+    }
+
+    pub(crate) fn destroy_region(&self, info: &RegionInfo) {
+        REGISTRY.write().remove(&info.base);
+        self.inner().regions.write().remove(&info.base);
+        crate::region::unmap(self.inner(), info);
+    }
+}

@@ -1,0 +1,191 @@
+//! Runtime statistics: relaxed atomic counters plus latency histograms.
+//!
+//! The inline hint fast path (a present page) is deliberately not counted: counting would add
+//! a store to every hint. "Hint hits" counts hints that reached the runtime and found their
+//! pages present after all (another thread fetched them, or `FM_SEQ` repeated a page).
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use hdrhistogram::Histogram;
+use parking_lot::Mutex;
+
+macro_rules! counters {
+    ($($name:ident: $doc:literal),* $(,)?) => {
+        /// Live counters of one runtime.
+        #[derive(Default)]
+        pub struct Counters { $(#[doc = $doc] pub $name: AtomicU64,)* }
+
+        /// A copy of the counters and latency summaries (C: `struct fm_stats`).
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct StatsSnapshot {
+            $(#[doc = $doc] pub $name: u64,)*
+            /// Local memory budget, bytes.
+            pub budget_bytes: u64,
+            /// Pages resident (or reserved for an in-flight fetch) now.
+            pub resident_pages: u64,
+            /// Most pages ever resident at once.
+            pub peak_resident_pages: u64,
+            /// Bytes the backend uses for the pages it holds.
+            pub backend_bytes: u64,
+            /// Fetch latency (lock to installed, one run of pages), nanoseconds.
+            pub fetch_p50_ns: u64,
+            pub fetch_p99_ns: u64,
+            pub fetch_max_ns: u64,
+            /// Eviction latency per batch (victims to unmapped), nanoseconds.
+            pub evict_p50_ns: u64,
+            pub evict_p99_ns: u64,
+            pub evict_max_ns: u64,
+        }
+
+        impl Counters {
+            fn load_into(&self, s: &mut StatsSnapshot) {
+                $(s.$name = self.$name.load(Ordering::Relaxed);)*
+            }
+
+            fn fields(s: &StatsSnapshot) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($name), s.$name),)*]
+            }
+        }
+    };
+}
+
+counters! {
+    hint_calls: "Hints that missed the inline fast path and entered the runtime.",
+    hint_hits: "Of those, hints whose pages turned out present (no fetch).",
+    hint_misses: "Hints that fetched or write-enabled at least one page.",
+    unhinted_faults: "Page faults delivered through userfaultfd (missing or write-protect).",
+    wp_faults: "Write-protect resolutions (first write to a page installed read-only).",
+    stolen_faults: "Faults served by the control thread because the fault thread was busy.",
+    spurious_faults: "Faults found already resolved when served (woken only).",
+    zero_fills: "Pages materialized as zeros without backend I/O.",
+    pages_fetched: "Pages read from the backend.",
+    readahead_pages: "Pages installed beyond the one demanded (rdahead or fault read-ahead).",
+    pages_installed: "Pages mapped (fetched plus zero-filled).",
+    install_ioctls: "UFFDIO_COPY calls made to install pages.",
+    pages_evicted: "Pages unmapped by reclaim.",
+    pages_written_back: "Dirty pages written to the backend.",
+    clean_drops: "Pages dropped without I/O (clean, or never written).",
+    unmap_syscalls: "Syscalls made to unmap evicted pages.",
+    direct_reclaims: "Reclaim batches run by a faulting thread because no budget was free.",
+    backend_full: "Write-backs refused by a full far tier (pages kept local).",
+    bytes_read: "Bytes read from the backend.",
+    bytes_written: "Bytes written to the backend.",
+    fetch_ns_total: "Total time spent fetching (all threads), nanoseconds.",
+}
+
+pub struct Stats {
+    pub c: Counters,
+    fetch_ns: Mutex<Histogram<u64>>,
+    evict_ns: Mutex<Histogram<u64>>,
+    pub peak_resident: AtomicU64,
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 2).expect("histogram bounds")
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            c: Counters::default(),
+            fetch_ns: Mutex::new(histogram()),
+            evict_ns: Mutex::new(histogram()),
+            peak_resident: AtomicU64::new(0),
+        }
+    }
+}
+
+#[inline]
+pub fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+impl Stats {
+    pub fn record_fetch(&self, ns: u64) {
+        add(&self.c.fetch_ns_total, ns);
+        let _ = self.fetch_ns.lock().record(ns.max(1));
+    }
+
+    pub fn record_evict(&self, ns: u64) {
+        let _ = self.evict_ns.lock().record(ns.max(1));
+    }
+
+    pub fn note_resident(&self, now: u64) {
+        self.peak_resident.fetch_max(now, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let mut s = StatsSnapshot::default();
+        self.c.load_into(&mut s);
+        s.peak_resident_pages = self.peak_resident.load(Ordering::Relaxed);
+        {
+            let h = self.fetch_ns.lock();
+            if !h.is_empty() {
+                s.fetch_p50_ns = h.value_at_quantile(0.5);
+                s.fetch_p99_ns = h.value_at_quantile(0.99);
+                s.fetch_max_ns = h.max();
+            }
+        }
+        let h = self.evict_ns.lock();
+        if !h.is_empty() {
+            s.evict_p50_ns = h.value_at_quantile(0.5);
+            s.evict_p99_ns = h.value_at_quantile(0.99);
+            s.evict_max_ns = h.max();
+        }
+        s
+    }
+}
+
+impl StatsSnapshot {
+    /// Every counter by name, for tools that print or export them.
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        Counters::fields(self)
+    }
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1u64 << 20) as f64
+}
+
+impl fmt::Display for StatsSnapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "farmem statistics")?;
+        writeln!(
+            f,
+            "  local budget        {:>12.1} MiB   resident now {:.1} MiB, peak {:.1} MiB",
+            mib(self.budget_bytes),
+            mib(self.resident_pages * 4096),
+            mib(self.peak_resident_pages * 4096)
+        )?;
+        writeln!(
+            f,
+            "  backend holds       {:>12.1} MiB",
+            mib(self.backend_bytes)
+        )?;
+        for (name, v) in self.counters() {
+            if name.ends_with("_ns_total") {
+                writeln!(f, "  {:<20}{:>12.3} s", "fetch time", v as f64 / 1e9)?;
+            } else if name.starts_with("bytes_") {
+                writeln!(f, "  {:<20}{:>12.1} MiB", name, mib(v))?;
+            } else {
+                writeln!(f, "  {:<20}{:>12}", name, v)?;
+            }
+        }
+        writeln!(
+            f,
+            "  fetch latency       p50 {:.1} µs  p99 {:.1} µs  max {:.1} µs",
+            self.fetch_p50_ns as f64 / 1e3,
+            self.fetch_p99_ns as f64 / 1e3,
+            self.fetch_max_ns as f64 / 1e3
+        )?;
+        write!(
+            f,
+            "  evict batch latency p50 {:.1} µs  p99 {:.1} µs  max {:.1} µs",
+            self.evict_p50_ns as f64 / 1e3,
+            self.evict_p99_ns as f64 / 1e3,
+            self.evict_max_ns as f64 / 1e3
+        )
+    }
+}

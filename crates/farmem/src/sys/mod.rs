@@ -1,0 +1,4 @@
+//! Thin, documented wrappers over the Linux interfaces the runtime uses.
+
+pub mod mem;
+pub mod uffd;

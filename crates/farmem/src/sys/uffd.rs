@@ -1,0 +1,269 @@
+//! userfaultfd: constants, structs and thin ioctl wrappers.
+//!
+//! Debian 12's headers predate the kernel we run on (6.18), so the UAPI values are defined here
+//! (from `include/uapi/linux/userfaultfd.h`) and features are detected at run time.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+const UFFDIO: u64 = 0xAA;
+pub const UFFD_API: u64 = 0xAA;
+
+const fn ioc(dir: u64, nr: u64, size: u64) -> u64 {
+    (dir << 30) | (size << 16) | (UFFDIO << 8) | nr
+}
+const IOC_WRITE: u64 = 1;
+const IOC_READ: u64 = 2;
+
+pub const UFFDIO_API: u64 = ioc(IOC_READ | IOC_WRITE, 0x3F, 24);
+pub const UFFDIO_REGISTER: u64 = ioc(IOC_READ | IOC_WRITE, 0x00, 32);
+pub const UFFDIO_UNREGISTER: u64 = ioc(IOC_READ, 0x01, 16);
+pub const UFFDIO_WAKE: u64 = ioc(IOC_READ, 0x02, 16);
+pub const UFFDIO_COPY: u64 = ioc(IOC_READ | IOC_WRITE, 0x03, 40);
+pub const UFFDIO_WRITEPROTECT: u64 = ioc(IOC_READ | IOC_WRITE, 0x06, 24);
+/// `USERFAULTFD_IOC_NEW` on `/dev/userfaultfd` (`_IO(0xAA, 0x00)`).
+const USERFAULTFD_IOC_NEW: u64 = 0xAA00;
+
+pub const REGISTER_MODE_MISSING: u64 = 1 << 0;
+pub const REGISTER_MODE_WP: u64 = 1 << 1;
+
+pub const COPY_MODE_DONTWAKE: u64 = 1 << 0;
+pub const COPY_MODE_WP: u64 = 1 << 1;
+pub const WRITEPROTECT_MODE_WP: u64 = 1 << 0;
+
+pub const EVENT_PAGEFAULT: u8 = 0x12;
+pub const PAGEFAULT_FLAG_WRITE: u64 = 1 << 0;
+pub const PAGEFAULT_FLAG_WP: u64 = 1 << 1;
+
+pub const FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;
+pub const FEATURE_THREAD_ID: u64 = 1 << 8;
+pub const FEATURE_WP_UNPOPULATED: u64 = 1 << 13;
+pub const FEATURE_WP_ASYNC: u64 = 1 << 15;
+pub const FEATURE_MOVE: u64 = 1 << 16;
+
+/// Bits of `uffdio_register.ioctls` (1 << _UFFDIO_*), checked after registering a range.
+pub const IOCTL_BIT_WAKE: u64 = 1 << 0x02;
+pub const IOCTL_BIT_COPY: u64 = 1 << 0x03;
+pub const IOCTL_BIT_WRITEPROTECT: u64 = 1 << 0x06;
+
+#[repr(C)]
+#[derive(Default)]
+struct UffdioApi {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct UffdioRange {
+    pub start: u64,
+    pub len: u64,
+}
+
+#[repr(C)]
+struct UffdioRegister {
+    range: UffdioRange,
+    mode: u64,
+    ioctls: u64,
+}
+
+#[repr(C)]
+struct UffdioCopy {
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+    copy: i64,
+}
+
+#[repr(C)]
+struct UffdioWriteprotect {
+    range: UffdioRange,
+    mode: u64,
+}
+
+/// One `struct uffd_msg` (32 bytes); only the page-fault member of the union is decoded.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct UffdMsg {
+    pub event: u8,
+    _reserved1: u8,
+    _reserved2: u16,
+    _reserved3: u32,
+    pub flags: u64,
+    pub address: u64,
+    pub ptid: u32,
+    _pad: u32,
+}
+const _: () = assert!(std::mem::size_of::<UffdMsg>() == 32);
+
+/// An open userfaultfd with its negotiated feature set.
+pub struct Uffd {
+    fd: OwnedFd,
+    pub features: u64,
+}
+
+fn ioctl<T>(fd: RawFd, req: u64, arg: &mut T) -> io::Result<()> {
+    // SAFETY: `arg` is a live, exclusively borrowed struct whose layout matches what `req`
+    // expects (sizes are encoded in the request numbers above and checked by the kernel).
+    let rc = unsafe { libc::ioctl(fd, req as _, arg as *mut T) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+fn open_raw() -> io::Result<OwnedFd> {
+    let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
+    // SAFETY: plain syscall with integer flags; no UFFD_USER_MODE_ONLY, so kernel-mode
+    // accesses (read() into a region) are delivered to us as well (DESIGN.md invariants).
+    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) } as RawFd;
+    if fd >= 0 {
+        // SAFETY: the kernel just returned this descriptor to us; nobody else owns it.
+        return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+    }
+    let syscall_err = io::Error::last_os_error();
+    // Unprivileged syscall use may be disabled (vm.unprivileged_userfaultfd=0); the device
+    // node grants the same capability through file permissions.
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/userfaultfd")
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "userfaultfd unavailable (syscall: {syscall_err}; /dev/userfaultfd: {e}); \
+                     run as root, grant access to /dev/userfaultfd, or set \
+                     sysctl vm.unprivileged_userfaultfd=1"
+                ),
+            )
+        })?;
+    // SAFETY: USERFAULTFD_IOC_NEW takes the flags as its integer argument.
+    let fd = unsafe { libc::ioctl(dev.as_raw_fd(), USERFAULTFD_IOC_NEW as _, flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh descriptor returned by the kernel.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+impl Uffd {
+    /// Open a userfaultfd and negotiate `wanted` features (those the kernel lacks are dropped).
+    pub fn open(wanted: u64) -> io::Result<Uffd> {
+        // The API handshake can be done once per descriptor, so probe the supported set on a
+        // throw-away descriptor first.
+        let probe = open_raw()?;
+        let mut api = UffdioApi {
+            api: UFFD_API,
+            ..Default::default()
+        };
+        ioctl(probe.as_raw_fd(), UFFDIO_API, &mut api)?;
+        let features = api.features & wanted;
+        drop(probe);
+
+        let fd = open_raw()?;
+        let mut api = UffdioApi {
+            api: UFFD_API,
+            features,
+            ioctls: 0,
+        };
+        ioctl(fd.as_raw_fd(), UFFDIO_API, &mut api)?;
+        Ok(Uffd { fd, features })
+    }
+
+    pub fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Register `[start, start+len)` for missing and write-protect faults; returns the ioctl
+    /// bit set the kernel allows on the range.
+    pub fn register(&self, start: usize, len: usize, mode: u64) -> io::Result<u64> {
+        let mut reg = UffdioRegister {
+            range: UffdioRange {
+                start: start as u64,
+                len: len as u64,
+            },
+            mode,
+            ioctls: 0,
+        };
+        ioctl(self.raw(), UFFDIO_REGISTER, &mut reg)?;
+        Ok(reg.ioctls)
+    }
+
+    pub fn unregister(&self, start: usize, len: usize) -> io::Result<()> {
+        let mut r = UffdioRange {
+            start: start as u64,
+            len: len as u64,
+        };
+        ioctl(self.raw(), UFFDIO_UNREGISTER, &mut r)
+    }
+
+    /// Atomically map a copy of `len` bytes at `src` to `dst` (both page aligned). Retries on
+    /// EAGAIN and partial copies; returns EEXIST if part of the range is already mapped.
+    pub fn copy(&self, dst: usize, src: *const u8, len: usize, mode: u64) -> io::Result<()> {
+        let mut done = 0usize;
+        while done < len {
+            let mut c = UffdioCopy {
+                dst: (dst + done) as u64,
+                src: src as u64 + done as u64,
+                len: (len - done) as u64,
+                mode,
+                copy: 0,
+            };
+            match ioctl(self.raw(), UFFDIO_COPY, &mut c) {
+                Ok(()) => done += c.copy as usize,
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                    if c.copy > 0 {
+                        done += c.copy as usize;
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Set (`protect`) or clear write protection on a range. Clearing also wakes faulters.
+    pub fn writeprotect(&self, start: usize, len: usize, protect: bool) -> io::Result<()> {
+        let mut wp = UffdioWriteprotect {
+            range: UffdioRange {
+                start: start as u64,
+                len: len as u64,
+            },
+            mode: if protect { WRITEPROTECT_MODE_WP } else { 0 },
+        };
+        loop {
+            match ioctl(self.raw(), UFFDIO_WRITEPROTECT, &mut wp) {
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => continue,
+                r => return r,
+            }
+        }
+    }
+
+    /// Wake threads waiting on faults in the range (after someone else resolved them).
+    pub fn wake(&self, start: usize, len: usize) -> io::Result<()> {
+        let mut r = UffdioRange {
+            start: start as u64,
+            len: len as u64,
+        };
+        ioctl(self.raw(), UFFDIO_WAKE, &mut r)
+    }
+
+    /// Non-blocking read of pending events into `buf`; returns how many were read.
+    pub fn read_events(&self, buf: &mut [UffdMsg]) -> io::Result<usize> {
+        let bytes = std::mem::size_of_val(buf);
+        // SAFETY: `buf` is a valid writable buffer of `bytes` bytes of plain-old-data structs.
+        let n = unsafe { libc::read(self.raw(), buf.as_mut_ptr().cast(), bytes) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::WouldBlock {
+                return Ok(0);
+            }
+            return Err(e);
+        }
+        Ok(n as usize / std::mem::size_of::<UffdMsg>())
+    }
+}
