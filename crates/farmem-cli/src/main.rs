@@ -1,1 +1,44 @@
-fn main() {}
+//! `farmem`: the command-line front end of the far-memory runtime.
+
+mod bench;
+mod demo;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "farmem",
+    version,
+    about = "Far memory for Linux programs: keep part of a program's memory local, the rest far",
+    long_about = "farmem keeps only part of a program's memory in local DRAM and the rest in far \
+                  memory (the embedded in-process backend by default), fetching pages on access \
+                  or, faster, before the access when the program hints it."
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a self-checking demonstration: a data set larger than local memory, written,
+    /// scanned unhinted and hinted, verified, with statistics.
+    Demo(demo::Args),
+    /// Measure page-scan throughput against a native array, and the hint fast-path cost.
+    Bench(bench::Args),
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FARMEM_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().cmd {
+        Cmd::Demo(a) => demo::run(a),
+        Cmd::Bench(a) => bench::run(a),
+    }
+}

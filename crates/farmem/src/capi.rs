@@ -39,7 +39,9 @@ fn guarded<T>(on_err: T, f: impl FnOnce() -> Result<T, String>) -> T {
 /// Start the process-wide runtime from `FARMEM_*` variables. 0 on success, -1 on error.
 #[no_mangle]
 pub extern "C" fn fm_init() -> c_int {
-    guarded(-1, || Runtime::global().map(|_| 0).map_err(|e| e.to_string()))
+    guarded(-1, || {
+        Runtime::global().map(|_| 0).map_err(|e| e.to_string())
+    })
 }
 
 /// Create a far-memory region of `size` bytes; NULL on error (see `fm_last_error`).

@@ -125,9 +125,8 @@ impl FaultServer {
             return true;
         };
         let vpn = f.addr >> PAGE_SHIFT;
-        let absent = crate::page_table::entry(vpn).load(Ordering::Acquire)
-            & crate::page_table::ABSENT
-            != 0;
+        let absent =
+            crate::page_table::entry(vpn).load(Ordering::Acquire) & crate::page_table::ABSENT != 0;
         let rdahead = if absent && !f.wp {
             self.seq
                 .on_fault(reg.id, f.tid, vpn, inner.cfg.fault_readahead) as isize

@@ -76,8 +76,8 @@ fn owner_id() -> u16 {
 fn zero_source() -> *const u8 {
     static ZERO: OnceLock<usize> = OnceLock::new();
     *ZERO.get_or_init(|| {
-        mem::map_anon(ZERO_PAGES * PAGE_SIZE, libc::PROT_READ)
-            .expect("mapping the zero source") as usize
+        mem::map_anon(ZERO_PAGES * PAGE_SIZE, libc::PROT_READ).expect("mapping the zero source")
+            as usize
     }) as *const u8
 }
 
@@ -88,7 +88,10 @@ thread_local! {
     static RECV: RefCell<Option<PageBuf>> = const { RefCell::new(None) };
 }
 
-fn take_buf(slot: &'static std::thread::LocalKey<RefCell<Option<PageBuf>>>, pages: usize) -> PageBuf {
+fn take_buf(
+    slot: &'static std::thread::LocalKey<RefCell<Option<PageBuf>>>,
+    pages: usize,
+) -> PageBuf {
     slot.with(|s| match s.borrow_mut().take() {
         Some(b) if b.capacity() >= pages => b,
         _ => PageBuf::new(pages.next_power_of_two().max(64)),
@@ -198,8 +201,17 @@ fn lock_absent(vpn: usize, me: u16) -> Option<u64> {
 }
 
 /// Lock read-ahead candidates: absent, unlocked pages of the window inside the region.
-fn lock_readahead(inner: &Inner, reg: &RegionInfo, req: &Request, me: u16, batch: &mut Vec<Locked>) {
-    let r = req.rdahead.unsigned_abs().min(inner.cfg.max_rdahead.max(inner.cfg.fault_readahead));
+fn lock_readahead(
+    inner: &Inner,
+    reg: &RegionInfo,
+    req: &Request,
+    me: u16,
+    batch: &mut Vec<Locked>,
+) {
+    let r = req
+        .rdahead
+        .unsigned_abs()
+        .min(inner.cfg.max_rdahead.max(inner.cfg.fault_readahead));
     let (lo, hi) = if req.rdahead > 0 {
         let lo = req.first + req.count;
         (lo, (lo + r).min(reg.end_vpn()))
@@ -310,7 +322,13 @@ fn install_phase(
         } else if remote == run.len() {
             // SAFETY: `received` holds keys.len() pages; this run's pages are the next
             // `run.len()` of them, in order.
-            unsafe { received.as_ref().expect("fetched pages").as_ptr().add(packed * PAGE_SIZE) }
+            unsafe {
+                received
+                    .as_ref()
+                    .expect("fetched pages")
+                    .as_ptr()
+                    .add(packed * PAGE_SIZE)
+            }
         } else {
             let mut s = take_buf(&SCRATCH, run.len());
             s.set_len(run.len());
@@ -330,7 +348,11 @@ fn install_phase(
             ptr
         };
         packed += remote;
-        let mode = if run[0].writable { 0 } else { uffd::COPY_MODE_WP };
+        let mode = if run[0].writable {
+            0
+        } else {
+            uffd::COPY_MODE_WP
+        };
         inner
             .uffd
             .copy(addr_of(run[0].vpn), src, run.len() * PAGE_SIZE, mode)

@@ -58,7 +58,11 @@ pub fn hint_write<T: ?Sized>(addr: *const T) {
 #[inline(always)]
 pub fn hint_ex<T: ?Sized>(addr: *const T, len: usize, flags: u32, rdahead: i32, ev_prio: u8) {
     let a = addr as *const u8 as usize;
-    let bit = if flags & FM_WRITE != 0 { NOWRITE } else { ABSENT };
+    let bit = if flags & FM_WRITE != 0 {
+        NOWRITE
+    } else {
+        ABSENT
+    };
     // The inline check covers the first page; multi-page ranges go to the runtime.
     if needs_work(a, bit) || (len > 1 && (a & (PAGE_SIZE - 1)) + len > PAGE_SIZE) {
         hint_slow(a, len, flags, rdahead, ev_prio);

@@ -207,8 +207,7 @@ pub fn wait_unlocked(word: &AtomicU64, timeout_us: u64) {
         if cur & WAITERS != 0 {
             break;
         }
-        match word.compare_exchange_weak(cur, cur | WAITERS, Ordering::AcqRel, Ordering::Acquire)
-        {
+        match word.compare_exchange_weak(cur, cur | WAITERS, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {
                 cur |= WAITERS;
                 break;

@@ -152,14 +152,20 @@ pub(crate) fn evict_batch(inner: &Inner, max: usize) -> usize {
         match result {
             Ok(()) => {
                 add(&inner.stats.c.pages_written_back, dirty.len() as u64);
-                add(&inner.stats.c.bytes_written, (dirty.len() * PAGE_SIZE) as u64);
+                add(
+                    &inner.stats.c.bytes_written,
+                    (dirty.len() * PAGE_SIZE) as u64,
+                );
             }
             Err(e) => {
                 if matches!(e, BackendError::Full(_)) {
                     add(&inner.stats.c.backend_full, dirty.len() as u64);
                     tracing::warn!("far memory full, keeping {} pages local: {e}", dirty.len());
                 } else {
-                    tracing::error!("write-back failed, keeping {} pages local: {e}", dirty.len());
+                    tracing::error!(
+                        "write-back failed, keeping {} pages local: {e}",
+                        dirty.len()
+                    );
                 }
                 kept_local = dirty.iter().map(|v| v.vpn).collect();
             }
@@ -169,7 +175,10 @@ pub(crate) fn evict_batch(inner: &Inner, max: usize) -> usize {
     // Pages kept local stay present (write-protected now: the next write is noticed).
     if !kept_local.is_empty() {
         let mut p = inner.policy.lock();
-        for v in victims.iter().filter(|v| kept_local.binary_search(&v.vpn).is_ok()) {
+        for v in victims
+            .iter()
+            .filter(|v| kept_local.binary_search(&v.vpn).is_ok())
+        {
             pt::unlock(pt::entry(v.vpn), (v.old | NOWRITE) & !EVICTING);
             p.reinsert(v.vpn);
         }
@@ -188,7 +197,10 @@ pub(crate) fn evict_batch(inner: &Inner, max: usize) -> usize {
             for v in &victims {
                 pt::unlock(pt::entry(v.vpn), v.old & !EVICTING);
             }
-            inner.policy.lock().insert(&victims.iter().map(|v| v.vpn).collect::<Vec<_>>(), 0);
+            inner
+                .policy
+                .lock()
+                .insert(&victims.iter().map(|v| v.vpn).collect::<Vec<_>>(), 0);
             return 0;
         }
     }

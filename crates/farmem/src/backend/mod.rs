@@ -57,8 +57,8 @@ unsafe impl Send for PageBuf {}
 impl PageBuf {
     pub fn new(cap_pages: usize) -> PageBuf {
         let cap_pages = cap_pages.max(1);
-        let layout = Layout::from_size_align(cap_pages * PAGE_SIZE, PAGE_SIZE)
-            .expect("page buffer layout");
+        let layout =
+            Layout::from_size_align(cap_pages * PAGE_SIZE, PAGE_SIZE).expect("page buffer layout");
         // SAFETY: layout has non-zero size.
         let ptr = unsafe { alloc::alloc(layout) };
         if ptr.is_null() {

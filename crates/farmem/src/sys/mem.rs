@@ -207,6 +207,11 @@ pub fn futex_wake_all(word: &AtomicU64) {
 /// Physical memory of this machine in bytes (for percentage defaults).
 pub fn physical_memory() -> u64 {
     // SAFETY: sysconf has no memory-safety preconditions.
-    let (pages, size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    let (pages, size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
     (pages.max(0) as u64) * (size.max(0) as u64)
 }

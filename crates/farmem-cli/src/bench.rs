@@ -1,0 +1,365 @@
+//! `farmem bench`: page-scan throughput of far-memory regions against a native array in the
+//! same run, at several local-memory fractions, unhinted and hinted; plus the cost of the
+//! hint fast path (ns per call natively, instructions per call under callgrind).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use farmem::config::parse_size;
+use farmem::{BackendSpec, Config, Runtime, PAGE_SIZE};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Pattern {
+    Seq,
+    Rand,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Mode {
+    /// Plain loads; misses arrive as page faults.
+    Unhinted,
+    /// `hint(p)` before each page (no read-ahead).
+    Hint,
+    /// `hint_ex(p, 8, FM_SEQ, 63, 0)` before each page.
+    HintRa63,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Region (and native array) size.
+    #[arg(long, default_value = "1G")]
+    size: String,
+    /// Local memory as percentages of the region size.
+    #[arg(long, value_delimiter = ',', default_value = "100,50,25,10")]
+    local: Vec<f64>,
+    /// Access patterns: one read per page, in order or in a random permutation.
+    #[arg(long, value_delimiter = ',', value_enum, default_value = "seq,rand")]
+    patterns: Vec<Pattern>,
+    /// Access modes.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_enum,
+        default_value = "unhinted,hint,hint-ra63"
+    )]
+    modes: Vec<Mode>,
+    /// Runs per point; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    /// Far-memory backend.
+    #[arg(long, default_value = "local://")]
+    backend: String,
+    /// Also write the results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Skip the hint fast-path measurement (needs cc; valgrind for instruction counts).
+    #[arg(long)]
+    no_hint_cost: bool,
+}
+
+fn value(page: usize) -> u64 {
+    (page as u64 ^ 0x9E37_79B9_7F4A_7C15).wrapping_mul(0xBF58_476D_1CE4_E5B9) | 1
+}
+
+fn permutation(n: usize, seed: u64) -> Vec<u32> {
+    let mut v: Vec<u32> = (0..n as u32).collect();
+    let mut x = seed | 1;
+    for i in (1..n).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    v
+}
+
+/// Read one word per page in `order`; returns (pages/s, checksum).
+fn scan(base: *const u8, order: &[u32], mode: Option<Mode>) -> (f64, u64) {
+    let t = Instant::now();
+    let mut sum = 0u64;
+    for &pg in order {
+        // SAFETY: every page index in `order` is inside the mapping at `base`.
+        let p = unsafe { base.add(pg as usize * PAGE_SIZE) } as *const u64;
+        match mode {
+            Some(Mode::Hint) => farmem::hint(p),
+            Some(Mode::HintRa63) => farmem::hint_ex(p, 8, farmem::FM_SEQ, 63, 0),
+            _ => {}
+        }
+        // SAFETY: as above; volatile so the loop cannot be optimized away.
+        sum = sum.wrapping_add(unsafe { p.read_volatile() });
+    }
+    (order.len() as f64 / t.elapsed().as_secs_f64(), sum)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+struct Row {
+    local_pct: f64,
+    pattern: Pattern,
+    mode: Option<Mode>,
+    pages_per_s: f64,
+    ratio: f64,
+    faults: u64,
+    fetched: u64,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.repeat == 0 {
+        bail!("--repeat must be at least 1");
+    }
+    let size = parse_size(&a.size).context("--size")? as usize;
+    let npages = size / PAGE_SIZE;
+    if npages < 1024 {
+        bail!("--size must be at least 4M");
+    }
+    let backend = BackendSpec::parse(&a.backend)?;
+    let seq: Vec<u32> = (0..npages as u32).collect();
+    let rand = permutation(npages, 0x1234_5678);
+    let expect = (0..npages).fold(0u64, |s, p| s.wrapping_add(value(p)));
+    let order = |p: Pattern| if p == Pattern::Seq { &seq } else { &rand };
+
+    // The native array: plain anonymous memory, populated before timing.
+    let native = farmem::sys::mem::map_anon(size, libc::PROT_READ | libc::PROT_WRITE)?;
+    for p in 0..npages {
+        // SAFETY: p < npages, inside the mapping.
+        unsafe { (native.add(p * PAGE_SIZE) as *mut u64).write(value(p)) };
+    }
+    let mut native_rate = Vec::new();
+    for &pat in &a.patterns {
+        let runs: Vec<f64> = (0..a.repeat)
+            .map(|_| {
+                let (r, s) = scan(native, order(pat), None);
+                assert_eq!(s, expect, "native checksum");
+                r
+            })
+            .collect();
+        native_rate.push((pat, median(runs)));
+    }
+    let native_of = |p: Pattern| native_rate.iter().find(|(q, _)| *q == p).unwrap().1;
+
+    let mut rows = Vec::new();
+    let total = a.local.len() * a.patterns.len() * a.modes.len();
+    let started = Instant::now();
+    let mut done = 0usize;
+    for &pct in &a.local {
+        if !(pct > 0.0 && pct <= 100.0) {
+            bail!("local percentage {pct} must be in (0, 100]");
+        }
+        // The control thread keeps `free_pct` (1%) of the budget free and read-ahead needs a
+        // little room in flight: size the budget so that `pct`% of the data can be resident.
+        let free = Config::default().free_pct / 100.0;
+        let budget = (size as f64 * pct / 100.0 / (1.0 - free)) as u64 + (256 * PAGE_SIZE) as u64;
+        let rt = Runtime::new(Config {
+            local_mem: budget,
+            backend: backend.clone(),
+            ..Config::default()
+        })?;
+        let region = rt.create_region(size)?;
+        let base = region.as_mut_ptr();
+        for chunk in (0..npages).step_by(64) {
+            let n = 64.min(npages - chunk);
+            // SAFETY: inside the region.
+            let p = unsafe { base.add(chunk * PAGE_SIZE) };
+            farmem::hint_ex(p, n * PAGE_SIZE, farmem::FM_WRITE, 0, 0);
+            for i in 0..n {
+                // SAFETY: inside the region.
+                unsafe { (p.add(i * PAGE_SIZE) as *mut u64).write(value(chunk + i)) };
+            }
+        }
+        for &pat in &a.patterns {
+            for &mode in &a.modes {
+                eprint!(
+                    "\r[{done}/{total}] local {pct}% {pat:?} {mode:?} ({:.0} s elapsed)      ",
+                    started.elapsed().as_secs_f64()
+                );
+                let before = rt.stats();
+                let runs: Vec<f64> = (0..a.repeat)
+                    .map(|_| {
+                        let (r, s) = scan(base, order(pat), Some(mode));
+                        assert_eq!(s, expect, "far-memory checksum ({pct}% {pat:?} {mode:?})");
+                        r
+                    })
+                    .collect();
+                let after = rt.stats();
+                let m = median(runs);
+                rows.push(Row {
+                    local_pct: pct,
+                    pattern: pat,
+                    mode: Some(mode),
+                    pages_per_s: m,
+                    ratio: m / native_of(pat),
+                    faults: (after.unhinted_faults - before.unhinted_faults) / a.repeat as u64,
+                    fetched: (after.pages_fetched - before.pages_fetched) / a.repeat as u64,
+                });
+                done += 1;
+            }
+        }
+    }
+    eprintln!("\r{:70}", "");
+
+    println!(
+        "page scans over {} MiB, backend {}, median of {} (pages/s; ratio to the native array)",
+        size >> 20,
+        a.backend,
+        a.repeat
+    );
+    for (p, r) in &native_rate {
+        println!("  native {p:?}: {r:.0} pages/s");
+    }
+    println!(
+        "{:>6} {:>5} {:>10} {:>12} {:>8} {:>10} {:>10}",
+        "local", "scan", "mode", "pages/s", "ratio", "faults", "fetched"
+    );
+    for r in &rows {
+        println!(
+            "{:>5}% {:>5} {:>10} {:>12.0} {:>8.3} {:>10} {:>10}",
+            r.local_pct,
+            format!("{:?}", r.pattern).to_lowercase(),
+            r.mode.map(mode_name).unwrap_or("native"),
+            r.pages_per_s,
+            r.ratio,
+            r.faults,
+            r.fetched
+        );
+    }
+
+    let hint_cost = if a.no_hint_cost {
+        None
+    } else {
+        match hint_cost() {
+            Ok(h) => {
+                println!(
+                    "hint fast path (present page): {:.2} ns/call, {} instructions/call",
+                    h.ns,
+                    h.instructions
+                        .map(|i| format!("{i:.1}"))
+                        .unwrap_or_else(|| "? (valgrind missing)".into())
+                );
+                Some(h)
+            }
+            Err(e) => {
+                println!("hint fast path: not measured: {e:#}");
+                None
+            }
+        }
+    };
+
+    if let Some(path) = &a.json {
+        let j = serde_json::json!({
+            "size_bytes": size,
+            "backend": a.backend,
+            "repeat": a.repeat,
+            "native": native_rate.iter().map(|(p, r)| serde_json::json!({
+                "pattern": format!("{p:?}").to_lowercase(), "pages_per_s": r })).collect::<Vec<_>>(),
+            "points": rows.iter().map(|r| serde_json::json!({
+                "local_pct": r.local_pct,
+                "pattern": format!("{:?}", r.pattern).to_lowercase(),
+                "mode": r.mode.map(mode_name),
+                "pages_per_s": r.pages_per_s,
+                "ratio_to_native": r.ratio,
+                "unhinted_faults": r.faults,
+                "pages_fetched": r.fetched,
+            })).collect::<Vec<_>>(),
+            "hint_fast_path": hint_cost.map(|h| serde_json::json!({
+                "ns_per_call": h.ns, "instructions_per_call": h.instructions })),
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&j)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    // SAFETY: the native array is no longer used.
+    unsafe { farmem::sys::mem::unmap(native, size) };
+    Ok(())
+}
+
+fn mode_name(m: Mode) -> &'static str {
+    match m {
+        Mode::Unhinted => "unhinted",
+        Mode::Hint => "hint",
+        Mode::HintRa63 => "hint-ra63",
+    }
+}
+
+struct HintCost {
+    ns: f64,
+    instructions: Option<f64>,
+}
+
+/// Where the repository's files are (the binary is run from a checkout).
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn hint_cost() -> Result<HintCost> {
+    let root = repo_root();
+    let src = root.join("crates/farmem-cli/bench/hint_cost.c");
+    let exe = std::env::current_exe()?;
+    let libdir = exe.parent().context("binary directory")?;
+    if !libdir.join("libfarmem.so").exists() {
+        bail!("libfarmem.so not found next to {}", exe.display());
+    }
+    let tmp = std::env::temp_dir().join(format!("farmem-hint-cost-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp)?;
+    let build = |with: u32| -> Result<PathBuf> {
+        let out = tmp.join(format!("hint_cost_{with}"));
+        let st = Command::new("cc")
+            .args(["-O2", "-fPIE", "-pie"])
+            .arg(format!("-DWITH_HINT={with}"))
+            .arg("-I")
+            .arg(root.join("include"))
+            .arg(&src)
+            .arg("-L")
+            .arg(libdir)
+            .arg(format!("-Wl,-rpath,{}", libdir.display()))
+            .args(["-lfarmem", "-o"])
+            .arg(&out)
+            .status()
+            .context("running cc")?;
+        if !st.success() {
+            bail!("compiling {} failed", src.display());
+        }
+        Ok(out)
+    };
+    let on = build(1)?;
+    let off = build(0)?;
+    let n: u64 = 200_000_000;
+    let time = |bin: &Path| -> Result<f64> {
+        let mut v = Vec::new();
+        for _ in 0..5 {
+            let o = Command::new(bin)
+                .args(["region", &n.to_string()])
+                .env("FARMEM_LOCAL_MEM", "64M")
+                .output()?;
+            if !o.status.success() {
+                bail!("{}: {}", bin.display(), String::from_utf8_lossy(&o.stderr));
+            }
+            let s = String::from_utf8_lossy(&o.stdout);
+            v.push(s.split_whitespace().next().unwrap_or("0").parse::<f64>()?);
+        }
+        Ok(median(v))
+    };
+    let ns = time(&on)? - time(&off)?;
+    let instr = |bin: &Path| -> Option<f64> {
+        let calls = 1_000_000u64;
+        let o = Command::new("valgrind")
+            .args(["--tool=callgrind", "--callgrind-out-file=/dev/null"])
+            .arg(bin)
+            .args(["plain", &calls.to_string()])
+            .output()
+            .ok()?;
+        let err = String::from_utf8_lossy(&o.stderr);
+        let line = err.lines().find(|l| l.contains("Collected :"))?;
+        let total: f64 = line.rsplit(':').next()?.trim().parse().ok()?;
+        Some(total / calls as f64)
+    };
+    let instructions = match (instr(&on), instr(&off)) {
+        (Some(a), Some(b)) => Some(a - b),
+        _ => None,
+    };
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(HintCost { ns, instructions })
+}
