@@ -39,7 +39,8 @@ pub fn run(a: Args) -> Result<()> {
     let cfg = Config {
         local_mem: local,
         backend: BackendSpec::parse(&a.backend)?,
-        ..Config::default()
+        // Other settings (FARMEM_EVICT_BATCH, ...) come from the environment.
+        ..Config::from_env().context("FARMEM_* settings")?
     };
     let rt = Runtime::new(cfg).context("starting the farmem runtime")?;
     let region = rt.create_region(size).context("creating the region")?;

@@ -221,3 +221,34 @@ pub(crate) fn fault_thread(inner: Arc<Inner>) {
         fds[1].revents = 0;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::SeqDetector;
+
+    #[test]
+    fn sequential_faults_grow_the_window_and_random_ones_reset_it() {
+        let mut d = SeqDetector::default();
+        assert_eq!(d.on_fault(1, 7, 100, 64), 0, "first fault: no history");
+        assert_eq!(d.on_fault(1, 7, 101, 64), 4);
+        // The next fault of a sequential scan lands just past the read-ahead window.
+        assert_eq!(d.on_fault(1, 7, 106, 64), 8);
+        assert_eq!(d.on_fault(1, 7, 115, 64), 16);
+        assert_eq!(d.on_fault(1, 7, 132, 64), 32);
+        assert_eq!(d.on_fault(1, 7, 165, 64), 64);
+        assert_eq!(d.on_fault(1, 7, 230, 64), 64, "capped at the maximum");
+        assert_eq!(d.on_fault(1, 7, 5000, 64), 0, "a jump resets the window");
+        assert_eq!(d.on_fault(1, 7, 4000, 64), 0, "backwards is not sequential");
+    }
+
+    #[test]
+    fn streams_are_per_thread_and_region() {
+        let mut d = SeqDetector::default();
+        d.on_fault(1, 1, 10, 64);
+        d.on_fault(1, 2, 900, 64);
+        assert_eq!(d.on_fault(1, 1, 11, 64), 4, "thread 1's stream is intact");
+        assert_eq!(d.on_fault(1, 2, 901, 64), 4, "thread 2's stream is intact");
+        assert_eq!(d.on_fault(2, 1, 12, 64), 0, "another region starts fresh");
+        assert_eq!(d.on_fault(1, 1, 12, 0), 0, "read-ahead disabled");
+    }
+}
