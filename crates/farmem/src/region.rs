@@ -95,20 +95,30 @@ pub(crate) fn unmap(inner: &Inner, info: &RegionInfo) {
         .policy
         .lock()
         .remove_range(info.first_vpn(), info.npages);
+    // Take every page's lock and keep it until the metadata is cleared: an evictor that took
+    // a page from the policy just before it forgot the region can then neither evict it after
+    // we counted it (which would return its budget twice) nor find it half torn down.
     let mut present = 0usize;
     for vpn in info.first_vpn()..info.end_vpn() {
         let w = page_table::entry(vpn);
         loop {
-            let cur = w.load(Ordering::Acquire);
-            if cur & LOCKED == 0 {
-                if cur & ABSENT == 0 {
-                    present += 1;
+            match page_table::try_lock(w, 0) {
+                Ok(old) => {
+                    if old & ABSENT == 0 {
+                        present += 1;
+                    }
+                    break;
                 }
-                break;
+                Err(cur) if cur & LOCKED != 0 => page_table::wait_unlocked(w, 1000),
+                Err(_) => break, // not registered (cannot happen for a live region)
             }
-            page_table::wait_unlocked(w, 1000);
         }
     }
+    // An evictor that found one of our pages locked may have put it back meanwhile.
+    inner
+        .policy
+        .lock()
+        .remove_range(info.first_vpn(), info.npages);
     page_table::unregister(info.first_vpn(), info.npages);
     let _ = inner.uffd.unregister(info.base, info.npages * PAGE_SIZE);
     // SAFETY: the region's handle is being dropped and its metadata cleared: nothing the
