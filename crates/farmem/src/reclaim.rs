@@ -36,10 +36,19 @@ pub(crate) fn reserve(inner: &Inner, n: usize) {
             continue;
         }
         inner.kick_control();
-        add(&inner.stats.c.direct_reclaims, 1);
-        if evict_batch(inner, inner.cfg.evict_batch.max(n)) == 0 {
+        if evict_batch(inner, inner.cfg.evict_batch.max(n)) > 0 {
+            add(&inner.stats.c.direct_reclaims, 1);
+        } else {
             // Everything resident is locked by in-flight work; it will become evictable.
             idle_rounds += 1;
+            if idle_rounds == 20_000 {
+                tracing::warn!(
+                    resident = inner.resident.load(Ordering::Relaxed),
+                    budget = inner.budget,
+                    tracked = inner.policy.lock().len(),
+                    "no page can be evicted; waiting for in-flight work"
+                );
+            }
             if idle_rounds > 100 {
                 std::thread::sleep(Duration::from_micros(100));
             } else {
