@@ -101,7 +101,7 @@ static inline __attribute__((always_inline)) void fm_hint_ex(const void *addr, s
                                                              int ev_prio) {
     uint64_t bit = (flags & FM_WRITE) ? FM__NOWRITE : FM__ABSENT;
     if (FM__NEEDS(addr, bit) ||
-        (len > 1 && ((uintptr_t)(addr) & 4095u) + len > 4096u && &fm_guard != 0))
+        (len > 4096u - ((uintptr_t)(addr) & 4095u) && &fm_guard != 0))
         fm_hint_slow(addr, len, flags, rdahead, ev_prio);
 }
 

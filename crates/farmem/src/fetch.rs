@@ -348,11 +348,16 @@ fn install_phase(
             ptr
         };
         packed += remote;
-        let mode = if run[0].writable {
+        let mut mode = if run[0].writable {
             0
         } else {
             uffd::COPY_MODE_WP
         };
+        if req.mode == Mode::Fault {
+            // Wake the faulting thread only once the metadata says "present", so what it
+            // observes (is_resident, statistics) is already consistent when it resumes.
+            mode |= uffd::COPY_MODE_DONTWAKE;
+        }
         inner
             .uffd
             .copy(addr_of(run[0].vpn), src, run.len() * PAGE_SIZE, mode)
@@ -371,6 +376,12 @@ fn install_phase(
                 keep | NOWRITE
             };
             pt::unlock(pt::entry(l.vpn), new | ACCESSED | prio);
+        }
+        if req.mode == Mode::Fault {
+            inner
+                .uffd
+                .wake(addr_of(run[0].vpn), run.len() * PAGE_SIZE)
+                .map_err(|e| Error::sys("waking faulting threads", e))?;
         }
         i = j;
     }

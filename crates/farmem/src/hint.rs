@@ -64,7 +64,7 @@ pub fn hint_ex<T: ?Sized>(addr: *const T, len: usize, flags: u32, rdahead: i32, 
         ABSENT
     };
     // The inline check covers the first page; multi-page ranges go to the runtime.
-    if needs_work(a, bit) || (len > 1 && (a & (PAGE_SIZE - 1)) + len > PAGE_SIZE) {
+    if needs_work(a, bit) || len > PAGE_SIZE - (a & (PAGE_SIZE - 1)) {
         hint_slow(a, len, flags, rdahead, ev_prio);
     }
 }
