@@ -72,7 +72,7 @@ pub(crate) struct FaultServer {
 }
 
 impl FaultServer {
-    pub(crate) fn new(_inner: &Inner) -> FaultServer {
+    pub(crate) fn new() -> FaultServer {
         FaultServer {
             msgs: vec![UffdMsg::default(); 64],
             pending: VecDeque::new(),
@@ -180,7 +180,7 @@ impl FaultServer {
 
 /// Main loop of a fault thread.
 pub(crate) fn fault_thread(inner: Arc<Inner>) {
-    let mut server = FaultServer::new(&inner);
+    let mut server = FaultServer::new();
     let spin = std::time::Duration::from_micros(inner.cfg.fault_spin_us);
     let mut last_event = Instant::now();
     let mut fds = [

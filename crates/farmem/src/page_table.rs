@@ -183,10 +183,11 @@ pub fn try_lock(word: &AtomicU64, owner: u16) -> Result<u64, u64> {
 /// OWNER are cleared; the list index is kept), and wake any waiters.
 #[inline]
 pub fn unlock(word: &AtomicU64, new_state: u64) {
-    let keep = !(LOCKED | WAITERS | OWNER_MASK | 0xFFFF_FFFF);
+    const FLAGS: u64 = (1 << LIST_SHIFT) - 1;
+    let state = new_state & FLAGS & !(LOCKED | WAITERS | OWNER_MASK);
     let mut cur = word.load(Ordering::Acquire);
     loop {
-        let new = (cur & keep) | (new_state & 0xFFFF_FFFF & !(LOCKED | WAITERS | OWNER_MASK));
+        let new = (cur & !FLAGS) | state;
         match word.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => break,
             Err(c) => cur = c,
@@ -216,23 +217,4 @@ pub fn wait_unlocked(word: &AtomicU64, timeout_us: u64) {
         }
     }
     mem::futex_wait(word, cur, timeout_us);
-}
-
-/// Set or clear bits without touching the lock (e.g. ACCESSED, the list index).
-#[inline]
-pub fn set_list_index(word: &AtomicU64, index: u32) {
-    let mut cur = word.load(Ordering::Relaxed);
-    loop {
-        let new = (cur & 0xFFFF_FFFF) | ((index as u64) << LIST_SHIFT);
-        match word.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed) {
-            Ok(_) => return,
-            Err(c) => cur = c,
-        }
-    }
-}
-
-/// The policy index stored in a word.
-#[inline]
-pub fn list_index(word: u64) -> u32 {
-    (word >> LIST_SHIFT) as u32
 }

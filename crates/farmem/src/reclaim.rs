@@ -264,7 +264,7 @@ fn write_back(inner: &Inner, dirty: &[&Victim]) -> Result<(), BackendError> {
 pub(crate) fn control_thread(inner: Arc<Inner>) {
     let steal_after = inner.cfg.steal_after_us * 1000;
     let tick = Duration::from_micros(inner.cfg.steal_after_us.clamp(100, 10_000));
-    let mut stealer = crate::fault::FaultServer::new(&inner);
+    let mut stealer = crate::fault::FaultServer::new();
     while !inner.shutdown.load(Ordering::Acquire) {
         let busy = inner.fault_busy_since.load(Ordering::Acquire);
         if busy != 0 && inner.now_ns().saturating_sub(busy) > steal_after {
