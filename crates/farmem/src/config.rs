@@ -1,7 +1,11 @@
 //! Runtime configuration: one struct, sensible defaults, overridable from the environment so
 //! that `farmem run` (and any launcher) can pass settings down to a preloaded library.
 
+use std::time::Duration;
+
 use crate::error::{Error, Result};
+use crate::protocol::auth::Secret;
+use crate::protocol::valid_tenant;
 use crate::sys::mem::{physical_memory, PAGE_SIZE};
 
 /// Which far-memory backend to use.
@@ -9,19 +13,87 @@ use crate::sys::mem::{physical_memory, PAGE_SIZE};
 pub enum BackendSpec {
     /// Pages kept in this process, outside the regions (the embedded default).
     Local { lz4: bool },
+    /// A `farmem server` over TCP.
+    Tcp(TcpSpec),
+}
+
+/// Where a TCP backend connects and how it authenticates.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TcpSpec {
+    /// `host:port` of the server.
+    pub addr: String,
+    /// Tenant name (from `tcp://tenant@host:port`, else `FARMEM_TENANT`, else `default`).
+    pub tenant: String,
+    /// The secret; `None` means: from `FARMEM_TOKEN`, else from the file `FARMEM_TOKEN_FILE`.
+    pub token: Option<Secret>,
+    /// How long to keep trying to reconnect after the server is lost before stopping the
+    /// program (`FARMEM_RECONNECT_S`, default 30 s).
+    pub reconnect_window: Duration,
+}
+
+impl TcpSpec {
+    pub fn url(&self) -> String {
+        format!("tcp://{}@{}", self.tenant, self.addr)
+    }
 }
 
 impl BackendSpec {
-    /// Parse `local://`, `local`, `local+lz4://`, `local+lz4`.
+    /// Parse `local://`, `local+lz4://` (or without `://`), or `tcp://[tenant@]host:port`.
     pub fn parse(s: &str) -> Result<BackendSpec> {
-        match s.trim().trim_end_matches("://") {
+        let s = s.trim();
+        if let Some(rest) = s.strip_prefix("tcp://") {
+            return parse_tcp(rest).map(BackendSpec::Tcp);
+        }
+        match s.trim_end_matches("://") {
             "" | "local" => Ok(BackendSpec::Local { lz4: false }),
             "local+lz4" => Ok(BackendSpec::Local { lz4: true }),
             other => Err(Error::Config(format!(
-                "unknown backend '{other}': expected local:// or local+lz4://"
+                "unknown backend '{other}': expected local://, local+lz4:// or \
+                 tcp://[tenant@]host:port"
             ))),
         }
     }
+}
+
+fn parse_tcp(rest: &str) -> Result<TcpSpec> {
+    let bad = |why: &str| {
+        Error::Config(format!(
+            "backend 'tcp://{rest}': {why} (expected tcp://[tenant@]host:port)"
+        ))
+    };
+    let (tenant, addr) = match rest.split_once('@') {
+        Some((t, a)) => (Some(t.to_string()), a),
+        None => (None, rest),
+    };
+    let addr = addr.trim_end_matches('/');
+    let (host, port) = addr.rsplit_once(':').ok_or_else(|| bad("no port"))?;
+    if host.is_empty() {
+        return Err(bad("no host"));
+    }
+    port.parse::<u16>()
+        .ok()
+        .filter(|&p| p != 0)
+        .ok_or_else(|| bad("invalid port"))?;
+    let tenant = tenant
+        .or_else(|| env("FARMEM_TENANT"))
+        .unwrap_or_else(|| "default".into());
+    if !valid_tenant(&tenant) {
+        return Err(bad(&format!(
+            "tenant '{tenant}' must be 1-64 characters of A-Z a-z 0-9 . _ -"
+        )));
+    }
+    let reconnect_s: f64 = env_num("FARMEM_RECONNECT_S")?.unwrap_or(30.0);
+    if !(0.0..=86400.0).contains(&reconnect_s) {
+        return Err(Error::Config(format!(
+            "FARMEM_RECONNECT_S={reconnect_s} must be between 0 and 86400"
+        )));
+    }
+    Ok(TcpSpec {
+        addr: addr.to_string(),
+        tenant,
+        token: None,
+        reconnect_window: Duration::from_secs_f64(reconnect_s),
+    })
 }
 
 /// Reclaim policies available (issue 5 adds more, one module each under `policy/`).
@@ -265,6 +337,27 @@ mod tests {
             BackendSpec::Local { lz4: true }
         );
         assert!(BackendSpec::parse("nfs://x").is_err());
+        let BackendSpec::Tcp(t) = BackendSpec::parse("tcp://alice@127.0.0.1:7070").unwrap() else {
+            panic!("not tcp")
+        };
+        assert_eq!(
+            (t.tenant.as_str(), t.addr.as_str()),
+            ("alice", "127.0.0.1:7070")
+        );
+        assert_eq!(t.url(), "tcp://alice@127.0.0.1:7070");
+        let BackendSpec::Tcp(t) = BackendSpec::parse("tcp://[::1]:9/").unwrap() else {
+            panic!("not tcp")
+        };
+        assert_eq!(t.addr, "[::1]:9");
+        for bad in [
+            "tcp://host",
+            "tcp://:80",
+            "tcp://h:0",
+            "tcp://h:x",
+            "tcp://a b@h:1",
+        ] {
+            assert!(BackendSpec::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

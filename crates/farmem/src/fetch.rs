@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use crate::backend::{IoClass, PageBuf, PageKey};
+use crate::backend::{Completion, IoClass, PageBuf, PageKey};
 use crate::error::{Error, Result};
 use crate::page_table::{self as pt, ABSENT, ACCESSED, DIRTY, EVER_WRITTEN, NOWRITE};
 use crate::page_table::{PRIO_MASK, PRIO_SHIFT, REGISTERED, REMOTE};
@@ -84,8 +84,10 @@ fn zero_source() -> *const u8 {
 thread_local! {
     /// Per-thread scratch used to assemble runs that mix zero and fetched pages.
     static SCRATCH: RefCell<Option<PageBuf>> = const { RefCell::new(None) };
-    /// Per-thread receive buffer handed to the backend (returned with the completion).
+    /// Per-thread receive buffers handed to the backend (returned with the completion), one
+    /// for demanded pages and one for read-ahead, which are in flight together.
     static RECV: RefCell<Option<PageBuf>> = const { RefCell::new(None) };
+    static RECV_AHEAD: RefCell<Option<PageBuf>> = const { RefCell::new(None) };
 }
 
 fn take_buf(
@@ -248,9 +250,14 @@ fn fetch_locked(
         }
     }
     let (demand, ahead) = batch.split_at(n_demand);
-    install_phase(inner, reg, req, demand, IoClass::Demand)?;
+    // Both reads go out before either is waited for: over a network the read-ahead then
+    // costs no extra round trip, and the demanded pages (served first by the backend) are
+    // installed while the read-ahead is still in flight.
+    let demand_read = submit_phase(inner, reg, demand, IoClass::Demand, &RECV)?;
+    let ahead_read = submit_phase(inner, reg, ahead, IoClass::Prefetch, &RECV_AHEAD)?;
+    install_phase(inner, reg, req, demand, demand_read, &RECV)?;
     if !ahead.is_empty() {
-        install_phase(inner, reg, req, ahead, IoClass::Prefetch)?;
+        install_phase(inner, reg, req, ahead, ahead_read, &RECV_AHEAD)?;
         add(&inner.stats.c.readahead_pages, ahead.len() as u64);
     }
     let vpns: Vec<usize> = batch.iter().map(|l| l.vpn).collect();
@@ -259,14 +266,20 @@ fn fetch_locked(
     Ok(batch.len())
 }
 
-/// Read one class of pages (ascending vpn order) and install them run by run.
-fn install_phase(
+/// A backend read in flight for one class of pages.
+struct InFlight {
+    completion: Completion,
+    pages: usize,
+}
+
+/// Submit the backend read of the remote pages among `pages` (none if all are fresh).
+fn submit_phase(
     inner: &Inner,
     reg: &RegionInfo,
-    req: &Request,
     pages: &[Locked],
     class: IoClass,
-) -> Result<()> {
+    slot: &'static std::thread::LocalKey<RefCell<Option<PageBuf>>>,
+) -> Result<Option<InFlight>> {
     let mut keys = Vec::new();
     for l in pages {
         if l.old & REMOTE != 0 {
@@ -284,22 +297,38 @@ fn install_phase(
             });
         }
     }
-    let received = if keys.is_empty() {
-        None
-    } else {
-        let n = keys.len();
-        let buf = take_buf(&RECV, n);
-        let done = inner
-            .backend
-            .submit_read(class, keys, buf)
-            .wait()
-            .map_err(|e| Error::Backend {
+    if keys.is_empty() {
+        return Ok(None);
+    }
+    let n = keys.len();
+    let buf = take_buf(slot, n);
+    Ok(Some(InFlight {
+        completion: inner.backend.submit_read(class, keys, buf),
+        pages: n,
+    }))
+}
+
+/// Wait for a class's read (if any) and install its pages (ascending vpn order) run by run.
+fn install_phase(
+    inner: &Inner,
+    reg: &RegionInfo,
+    req: &Request,
+    pages: &[Locked],
+    read: Option<InFlight>,
+    slot: &'static std::thread::LocalKey<RefCell<Option<PageBuf>>>,
+) -> Result<()> {
+    let received = match read {
+        None => None,
+        Some(r) => {
+            let n = r.pages;
+            let done = r.completion.wait().map_err(|e| Error::Backend {
                 backend: inner.backend.describe(),
                 msg: format!("reading {n} page(s) of region {}: {e}", reg.id),
             })?;
-        add(&inner.stats.c.pages_fetched, n as u64);
-        add(&inner.stats.c.bytes_read, (n * PAGE_SIZE) as u64);
-        Some(done.buf)
+            add(&inner.stats.c.pages_fetched, n as u64);
+            add(&inner.stats.c.bytes_read, (n * PAGE_SIZE) as u64);
+            Some(done.buf)
+        }
     };
 
     let mut packed = 0usize; // index of the next fetched page in `received`
@@ -386,7 +415,7 @@ fn install_phase(
         i = j;
     }
     if let Some(b) = received {
-        give_buf(&RECV, b);
+        give_buf(slot, b);
     }
     Ok(())
 }

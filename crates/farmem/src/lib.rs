@@ -29,8 +29,9 @@ mod region;
 mod runtime;
 pub mod stats;
 pub mod sys;
+pub mod tokens;
 
-pub use config::{BackendSpec, Config, PolicyKind};
+pub use config::{BackendSpec, Config, PolicyKind, TcpSpec};
 pub use error::{Error, Result};
 pub use hint::{hint, hint_ex, hint_slow, hint_write, FM_SEQ, FM_WRITE};
 pub use region::Region;

@@ -38,6 +38,14 @@ pub(crate) fn reserve(inner: &Inner, n: usize) {
         inner.kick_control();
         if evict_batch(inner, inner.cfg.evict_batch.max(n)) > 0 {
             add(&inner.stats.c.direct_reclaims, 1);
+        } else if far_refusing(inner) {
+            // The far tier refuses pages (quota or capacity) and nothing clean is left to
+            // drop: take the pages beyond the budget rather than stall the program. Nothing
+            // is lost, and the pressure shows in the statistics and the log.
+            let now = inner.resident.fetch_add(n, Ordering::AcqRel) + n;
+            inner.stats.note_resident(now as u64);
+            add(&inner.stats.c.over_budget_pages, n as u64);
+            return;
         } else {
             // Everything resident is locked by in-flight work; it will become evictable.
             idle_rounds += 1;
@@ -88,6 +96,28 @@ fn after_reserve(inner: &Inner, now: usize) {
     }
 }
 
+/// Backoff after the far tier refused a write-back: no dirty page is offered to it until
+/// then, so a full server is not asked again and again; clean pages are still dropped.
+const FULL_BACKOFF_MIN_NS: u64 = 10_000_000;
+const FULL_BACKOFF_MAX_NS: u64 = 1_000_000_000;
+
+fn far_refusing(inner: &Inner) -> bool {
+    inner.far_full_until.load(Ordering::Acquire) > inner.now_ns()
+}
+
+fn note_far_full(inner: &Inner, pages: usize, e: &BackendError) {
+    let backoff = inner.far_full_backoff.load(Ordering::Relaxed);
+    let backoff = (backoff * 2).clamp(FULL_BACKOFF_MIN_NS, FULL_BACKOFF_MAX_NS);
+    inner.far_full_backoff.store(backoff, Ordering::Relaxed);
+    inner
+        .far_full_until
+        .store(inner.now_ns() + backoff, Ordering::Release);
+    add(&inner.stats.c.backend_full, pages as u64);
+    if backoff == FULL_BACKOFF_MIN_NS {
+        tracing::warn!("far memory refuses pages, keeping {pages} dirty pages local: {e}");
+    }
+}
+
 struct Victim {
     vpn: usize,
     old: u64,
@@ -116,9 +146,15 @@ pub(crate) fn evict_batch(inner: &Inner, max: usize) -> usize {
     }
     let mut victims = Vec::with_capacity(cands.len());
     let mut busy = Vec::new();
+    let refusing = far_refusing(inner);
     for v in cands {
         let w = pt::entry(v);
         match pt::try_lock(w, 0) {
+            Ok(old) if refusing && old & ABSENT == 0 && old & DIRTY != 0 => {
+                // It would need a write-back the far tier refuses: keep it for later.
+                pt::unlock(w, old);
+                busy.push(v);
+            }
             Ok(old) if old & ABSENT == 0 => {
                 w.fetch_or(EVICTING, Ordering::AcqRel);
                 victims.push(Victim { vpn: v, old });
@@ -165,11 +201,16 @@ pub(crate) fn evict_batch(inner: &Inner, max: usize) -> usize {
                     &inner.stats.c.bytes_written,
                     (dirty.len() * PAGE_SIZE) as u64,
                 );
+                inner.far_full_backoff.store(0, Ordering::Relaxed);
+            }
+            Err(BackendError::Unavailable(msg)) => {
+                // The far tier is gone with the pages it held: continuing would hand the
+                // program zeros or stale data later.
+                crate::fatal(&format!("backend {}: {msg}", inner.backend.describe()))
             }
             Err(e) => {
                 if matches!(e, BackendError::Full(_)) {
-                    add(&inner.stats.c.backend_full, dirty.len() as u64);
-                    tracing::warn!("far memory full, keeping {} pages local: {e}", dirty.len());
+                    note_far_full(inner, dirty.len(), &e);
                 } else {
                     tracing::error!(
                         "write-back failed, keeping {} pages local: {e}",

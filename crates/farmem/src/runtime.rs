@@ -46,6 +46,10 @@ pub(crate) struct Inner {
     pub epoch: Instant,
     pub regions: RwLock<BTreeMap<usize, RegionInfo>>,
     next_region: AtomicU32,
+    /// Until when (`now_ns`) dirty pages are not offered to a far tier that refused some,
+    /// and the current backoff (see `reclaim.rs`).
+    pub far_full_until: AtomicU64,
+    pub far_full_backoff: AtomicU64,
 }
 
 impl Inner {
@@ -79,6 +83,15 @@ impl Inner {
         s.resident_pages = self.resident.load(Ordering::Relaxed) as u64;
         s.backend_bytes = self.backend.stored_bytes();
         s
+    }
+
+    /// Statistics followed by the backend's own counters, for people.
+    pub fn report(&self) -> String {
+        let mut out = self.snapshot().to_string();
+        for (name, v) in self.backend.counters() {
+            out.push_str(&format!("\n  {name:<20}{v:>12}"));
+        }
+        out
     }
 }
 
@@ -127,7 +140,7 @@ impl Drop for Shared {
             let _ = t.join();
         }
         if self.inner.cfg.stats_at_exit {
-            eprintln!("{}", self.inner.snapshot());
+            eprintln!("{}", self.inner.report());
         }
     }
 }
@@ -153,10 +166,17 @@ impl Runtime {
         }
         // SAFETY: fresh descriptor from the kernel.
         let wake_fd = unsafe { OwnedFd::from_raw_fd(efd) };
+        let backend = backend::from_spec(&cfg.backend).map_err(|e| Error::Backend {
+            backend: match &cfg.backend {
+                crate::config::BackendSpec::Tcp(t) => t.url(),
+                other => format!("{other:?}"),
+            },
+            msg: e.to_string(),
+        })?;
         let inner = Arc::new(Inner {
             budget: cfg.budget_pages(),
             free_target: cfg.free_target_pages(),
-            backend: backend::from_spec(&cfg.backend),
+            backend,
             policy: Mutex::new(policy::build(cfg.policy)),
             cfg,
             uffd,
@@ -172,6 +192,8 @@ impl Runtime {
             epoch: Instant::now(),
             regions: RwLock::new(BTreeMap::new()),
             next_region: AtomicU32::new(1),
+            far_full_until: AtomicU64::new(0),
+            far_full_backoff: AtomicU64::new(0),
         });
         let mut threads = Vec::new();
         for i in 0..inner.cfg.fault_threads {
@@ -215,7 +237,7 @@ impl Runtime {
             if rt.config().stats_at_exit {
                 extern "C" fn print_stats() {
                     if let Ok(rt) = Runtime::global() {
-                        eprintln!("{}", rt.stats());
+                        eprintln!("{}", rt.report());
                     }
                 }
                 // SAFETY: registering a plain extern "C" function with no arguments.
@@ -237,6 +259,11 @@ impl Runtime {
     /// Statistics so far.
     pub fn stats(&self) -> StatsSnapshot {
         self.shared.inner.snapshot()
+    }
+
+    /// Statistics and the backend's own counters as text for people.
+    pub fn report(&self) -> String {
+        self.shared.inner.report()
     }
 
     /// Description of the backend in use.

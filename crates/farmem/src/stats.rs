@@ -70,6 +70,7 @@ counters! {
     unmap_syscalls: "Syscalls made to unmap evicted pages.",
     direct_reclaims: "Reclaim batches run by a faulting thread because no budget was free.",
     backend_full: "Write-backs refused by a full far tier (pages kept local).",
+    over_budget_pages: "Pages taken beyond the local budget because the far tier refused pages.",
     bytes_read: "Bytes read from the backend.",
     bytes_written: "Bytes written to the backend.",
     fetch_ns_total: "Total time spent fetching (all threads), nanoseconds.",

@@ -7,6 +7,7 @@
 //! queues the same way).
 
 pub mod local;
+pub mod tcp;
 
 use std::alloc::{self, Layout};
 use std::sync::Arc;
@@ -41,6 +42,10 @@ pub enum BackendError {
     /// The request failed (I/O, protocol, missing page...).
     #[error("{0}")]
     Failed(String),
+    /// The far tier is gone for good (server unreachable past the reconnect window, or it
+    /// lost this program's pages): pages held there are lost and the program must stop.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 /// A page-aligned buffer of whole pages (UFFDIO_COPY needs an aligned source).
@@ -205,11 +210,17 @@ pub trait Backend: Send + Sync {
 
     /// Bytes the backend uses to hold the pages (after compression, if any).
     fn stored_bytes(&self) -> u64;
+
+    /// Backend-specific counters for the statistics (reconnections, resent requests...).
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
 }
 
-/// Build the backend a configuration names.
-pub fn from_spec(spec: &crate::config::BackendSpec) -> Arc<dyn Backend> {
-    match spec {
+/// Build (and for remote backends, connect) the backend a configuration names.
+pub fn from_spec(spec: &crate::config::BackendSpec) -> Result<Arc<dyn Backend>, BackendError> {
+    Ok(match spec {
         crate::config::BackendSpec::Local { lz4 } => Arc::new(local::LocalBackend::new(*lz4)),
-    }
+        crate::config::BackendSpec::Tcp(t) => Arc::new(tcp::TcpBackend::connect(t.clone())?),
+    })
 }

@@ -129,7 +129,10 @@ mod tests {
         let p = t.client_proof(&secret);
         assert!(t.verify_client(&secret, &p));
         assert!(!t.verify_client(&other, &p), "wrong secret");
-        assert!(!t.verify_server(&secret, &p), "a client proof is no server proof");
+        assert!(
+            !t.verify_server(&secret, &p),
+            "a client proof is no server proof"
+        );
         let n2 = [4u8; 32];
         assert!(
             !transcript("alice", &s, &c, &n2).verify_client(&secret, &p),

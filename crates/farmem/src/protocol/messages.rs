@@ -231,8 +231,7 @@ pub enum Frame<'a> {
 pub fn valid_tenant(t: &str) -> bool {
     !t.is_empty()
         && t.len() <= MAX_TENANT_LEN
-        && t
-            .bytes()
+        && t.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
@@ -299,7 +298,10 @@ impl<'a> Cursor<'a> {
 
 /// Decode the body of a frame whose header was validated by [`Header::decode`].
 pub fn decode<'a>(h: &Header, body: &'a [u8]) -> Result<Frame<'a>, ProtoError> {
-    let mut c = Cursor { b: body, kind: h.kind };
+    let mut c = Cursor {
+        b: body,
+        kind: h.kind,
+    };
     if body.len() != h.len as usize {
         return Err(c.bad("body length differs from the header"));
     }
@@ -530,7 +532,13 @@ pub fn encode_empty(out: &mut Vec<u8>, kind: Kind, id: u64) {
 /// Header and checksums of a ReadOk of `crcs.len()` pages; the pages follow.
 pub fn encode_read_ok_head(out: &mut Vec<u8>, id: u64, class: IoClass, crcs: &[u32]) {
     assert!(!crcs.is_empty() && crcs.len() <= MAX_BATCH_PAGES);
-    head(out, Kind::ReadOk, class, id, 4 + crcs.len() * READ_OK_PAGE_LEN);
+    head(
+        out,
+        Kind::ReadOk,
+        class,
+        id,
+        4 + crcs.len() * READ_OK_PAGE_LEN,
+    );
     out.extend_from_slice(&(crcs.len() as u32).to_le_bytes());
     for c in crcs {
         out.extend_from_slice(&c.to_le_bytes());
