@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod server;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -27,6 +28,9 @@ enum Cmd {
     Demo(demo::Args),
     /// Measure page-scan throughput against a native array, and the hint fast-path cost.
     Bench(bench::Args),
+    /// Run the memory server: far memory for programs on other machines (or this one),
+    /// multi-tenant, authenticated, fairly shared.
+    Server(server::Args),
 }
 
 fn main() -> Result<()> {
@@ -40,5 +44,6 @@ fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Server(a) => server::run(a),
     }
 }

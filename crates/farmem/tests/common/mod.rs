@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests (each test binary includes this module).
 #![allow(dead_code)]
 
+pub mod churn;
+
 use farmem::{Config, Region, Runtime, PAGE_SIZE};
 
 /// Tiny xorshift64* PRNG: deterministic, seedable, no dependencies.

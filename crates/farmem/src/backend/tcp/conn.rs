@@ -397,13 +397,20 @@ impl Conn {
                     h.len
                 )));
             }
-            scratch.resize(n * 4, 0);
+            // Page count, then one checksum per page, then the pages (straight into place).
+            scratch.resize(4 + n * 4, 0);
             self.read_full(s, scratch)?;
+            if u32::from_le_bytes(scratch[..4].try_into().expect("4 bytes")) as usize != n {
+                return Err(RecvError::Protocol(
+                    "page count differs from the length".into(),
+                ));
+            }
             // SAFETY: this thread handles the part [start, start+n) now (see `Join`).
             let dst = unsafe { join.pages_mut(start, n) };
             self.read_full(s, dst)?;
             let bad = (0..n).find(|&i| {
-                let want = u32::from_le_bytes(scratch[i * 4..i * 4 + 4].try_into().unwrap());
+                let at = 4 + i * 4;
+                let want = u32::from_le_bytes(scratch[at..at + 4].try_into().expect("4 bytes"));
                 p::page_crc(&dst[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]) != want
             });
             self.finish(h.id);
