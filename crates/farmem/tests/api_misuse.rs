@@ -107,7 +107,13 @@ fn hostile_hints_on_a_region_keep_contents_right() {
     for p in (0..PAGES).step_by(2) {
         fill_page(&r, p, |w| pattern(SALT, p, w));
     }
-    let want = |p: usize, w: usize| if p % 2 == 0 { pattern(SALT, p, w) } else { 0 };
+    let want = |p: usize, w: usize| {
+        if p.is_multiple_of(2) {
+            pattern(SALT, p, w)
+        } else {
+            0
+        }
+    };
     let check = |what: &str| {
         for p in 0..PAGES {
             if let Some((w, got, exp)) = page_mismatch(&r, p, |w| want(p, w)) {

@@ -11,7 +11,7 @@ use std::io::{self, IoSlice, Read, Write};
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use farmem::protocol::{Header, Nonce, ProtoError, SessionId, HEADER_LEN};
+use farmem::protocol::{Header, Kind, Nonce, ProtoError, SessionId, HEADER_LEN};
 use mio::net::TcpStream;
 
 use super::store::SessionIdx;
@@ -89,6 +89,8 @@ pub enum Next {
     Frame(Header, Body),
     /// Nothing more to read now.
     Drained,
+    /// The next frame's body does not fit the allowance: read it later.
+    Blocked,
     /// The client closed the connection.
     Eof,
 }
@@ -113,6 +115,8 @@ pub struct Conn {
     pub inflight: HashSet<u64>,
     /// Reading stopped for the budget while the socket may still have data.
     pub paused: bool,
+    /// Frame bodies allocated since the engine last looked (it adds them to `held`).
+    pub allocated: usize,
 }
 
 impl Conn {
@@ -132,11 +136,32 @@ impl Conn {
             held: 0,
             inflight: HashSet::new(),
             paused: false,
+            allocated: 0,
         }
     }
 
-    /// The next complete frame, or why there is none.
-    pub fn next_frame(&mut self, pool: &mut BufPool) -> Result<Next, ConnError> {
+    /// Whether a frame of this kind may come now. Checked on the header, so that a client
+    /// cannot make the server allocate a large body before it has authenticated.
+    fn admissible(&self, h: &Header) -> Result<(), ConnError> {
+        let ok = match self.state {
+            State::Hello => h.kind == Kind::Hello,
+            State::Auth { .. } => h.kind == Kind::Auth,
+            State::Ready { .. } => h.kind.is_request(),
+        };
+        if ok {
+            Ok(())
+        } else {
+            let when = match self.state {
+                State::Ready { .. } => "after the handshake",
+                _ => "during the handshake",
+            };
+            Err(ConnError::OutOfOrder(format!("{:?} frame {when}", h.kind)))
+        }
+    }
+
+    /// The next complete frame, or why there is none. A body is allocated only if it fits
+    /// in `allowance` bytes (what the connection and the server may still hold).
+    pub fn next_frame(&mut self, pool: &mut BufPool, allowance: usize) -> Result<Next, ConnError> {
         loop {
             if let Some((h, mut body, filled)) = self.big.take() {
                 if filled == body.len {
@@ -162,9 +187,14 @@ impl Conn {
                     .try_into()
                     .expect("header length");
                 let h = Header::decode(hb).map_err(ConnError::Proto)?;
+                self.admissible(&h)?;
                 let total = h.frame_len();
                 let body_at = self.rstart + HEADER_LEN;
+                if h.len as usize > allowance {
+                    return Ok(Next::Blocked);
+                }
                 if avail >= total {
+                    self.allocated += h.len as usize;
                     let mut body = pool.get(h.len as usize);
                     body.buf[..body.len].copy_from_slice(&self.rbuf[body_at..body_at + body.len]);
                     self.rstart += total;
@@ -172,6 +202,7 @@ impl Conn {
                 }
                 if total > RBUF / 2 {
                     // A large frame: take what arrived, read the rest straight into its body.
+                    self.allocated += h.len as usize;
                     let mut body = pool.get(h.len as usize);
                     let have = avail - HEADER_LEN;
                     body.buf[..have].copy_from_slice(&self.rbuf[body_at..self.rend]);
@@ -266,6 +297,7 @@ impl Conn {
 pub enum ConnError {
     Io(io::Error),
     Proto(ProtoError),
+    OutOfOrder(String),
 }
 
 #[cfg(test)]

@@ -283,36 +283,43 @@ impl Engine {
     /// Read frames from a connection until its socket is drained or its budget is full.
     fn pump(&mut self, id: u64) {
         loop {
+            let global_room = self.cfg.global_limit.saturating_sub(self.global_held);
             let limit = self.per_conn_limit();
-            let global_full = self.global_held > self.cfg.global_limit;
             let Some(c) = self.conns.get_mut(&id) else {
                 return;
             };
-            if c.held > limit || global_full {
-                if !c.paused {
-                    c.paused = true;
-                    self.paused.push(id);
-                }
-                return;
-            }
-            c.paused = false;
-            match c.next_frame(&mut self.pool) {
+            let allowance = limit.saturating_sub(c.held).min(global_room);
+            let next = c.next_frame(&mut self.pool, allowance);
+            // Bodies allocated are held from now until their request is served.
+            c.held += c.allocated;
+            self.global_held += c.allocated;
+            c.allocated = 0;
+            match next {
                 Ok(Next::Frame(h, body)) => {
+                    c.paused = false;
                     if let Err(why) = self.on_frame(id, h, body) {
                         self.close(id, why);
                         return;
                     }
                 }
+                Ok(Next::Blocked) => {
+                    if !c.paused {
+                        c.paused = true;
+                        self.paused.push(id);
+                    }
+                    return;
+                }
                 Ok(Next::Drained) => return,
                 Ok(Next::Eof) => return self.close(id, Close::Eof),
                 Err(ConnError::Io(e)) => return self.close(id, Close::Io(e.to_string())),
                 Err(ConnError::Proto(e)) => return self.close(id, Close::BadInput(e.to_string())),
+                Err(ConnError::OutOfOrder(e)) => return self.close(id, Close::BadInput(e)),
             }
         }
     }
 
     fn resume_paused(&mut self) {
-        if self.paused.is_empty() || self.global_held > self.cfg.global_limit {
+        if self.paused.is_empty() {
             return;
         }
         for id in std::mem::take(&mut self.paused) {
@@ -350,6 +357,15 @@ impl Engine {
         }
     }
 
+    /// A frame body is done with: back to the pool, out of the connection's holdings.
+    fn release(&mut self, id: u64, body: Body) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.held -= body.len;
+            self.global_held -= body.len;
+        }
+        self.pool.put(body);
+    }
+
     fn send_error(&mut self, id: u64, req: u64, class: IoClass, code: ErrorCode, msg: &str) {
         self.metrics.error(code);
         let mut out = Vec::new();
@@ -368,7 +384,7 @@ impl Engine {
                 return self.on_request(id, tenant, session, h, body);
             }
         };
-        self.pool.put(body);
+        self.release(id, body);
         r
     }
 
@@ -620,7 +636,7 @@ impl Engine {
         body: Body,
     ) -> Result<(), Close> {
         if !h.kind.is_request() {
-            self.pool.put(body);
+            self.release(id, body);
             return Err(Close::BadInput(format!(
                 "{:?} frame after the handshake",
                 h.kind
@@ -631,13 +647,13 @@ impl Engine {
             Ok(Frame::Write(w)) => w.len(),
             Ok(_) => 0,
             Err(e) => {
-                self.pool.put(body);
+                self.release(id, body);
                 return Err(Close::BadInput(e.to_string()));
             }
         };
         let c = self.conns.get_mut(&id).expect("live connection");
         if !c.inflight.insert(h.id) {
-            self.pool.put(body);
+            self.release(id, body);
             return Err(Close::BadInput(format!(
                 "request id {} reused while in flight",
                 h.id
@@ -645,7 +661,7 @@ impl Engine {
         }
         if h.kind == Kind::Stats {
             c.inflight.remove(&h.id);
-            self.pool.put(body);
+            self.release(id, body);
             let s = &self.sessions[&session];
             let t = &self.tenants[tenant];
             let mut out = Vec::new();
@@ -663,14 +679,15 @@ impl Engine {
             self.send(id, &[&out]);
             return Ok(());
         }
-        // What this request will hold until served: its body, plus the reply it announces.
-        let reserve = body.len
-            + match h.kind {
-                Kind::Read => 64 + pages * p::READ_OK_PAGE_LEN,
-                _ => 64,
-            };
-        c.held += reserve;
-        self.global_held += reserve;
+        // What this request holds until served: its body (counted since it was read) and
+        // the reply it announces.
+        let reply = match h.kind {
+            Kind::Read => 64 + pages * p::READ_OK_PAGE_LEN,
+            _ => 64,
+        };
+        c.held += reply;
+        self.global_held += reply;
+        let reserve = body.len + reply;
         self.sched.push(
             tenant,
             class_index(h.class),
@@ -969,5 +986,8 @@ impl Engine {
         self.metrics
             .sessions
             .store(self.sessions.len() as u64, Ordering::Relaxed);
+        self.metrics
+            .held_bytes
+            .store(self.global_held as u64, Ordering::Relaxed);
     }
 }

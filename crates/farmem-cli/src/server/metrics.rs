@@ -35,6 +35,8 @@ pub struct Metrics {
     pub connections: AtomicU64,
     pub connections_total: AtomicU64,
     pub sessions: AtomicU64,
+    /// Bytes held for queued requests, announced replies and unsent output.
+    pub held_bytes: AtomicU64,
     pub requests: [AtomicU64; 3],
     pub pages_read: AtomicU64,
     pub pages_written: AtomicU64,
@@ -55,6 +57,7 @@ impl Metrics {
             connections: AtomicU64::new(0),
             connections_total: AtomicU64::new(0),
             sessions: AtomicU64::new(0),
+            held_bytes: AtomicU64::new(0),
             requests: Default::default(),
             pages_read: AtomicU64::new(0),
             pages_written: AtomicU64::new(0),
@@ -125,6 +128,12 @@ impl Metrics {
             "gauge",
             "Client sessions (one per program) alive now.",
             one(l(&self.sessions)),
+        );
+        metric(
+            "farmem_server_held_bytes",
+            "gauge",
+            "Bytes held for queued requests, announced replies and unsent output.",
+            one(l(&self.held_bytes)),
         );
         let by_class = |a: &[AtomicU64; 3]| {
             (0..3)

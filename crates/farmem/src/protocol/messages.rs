@@ -430,7 +430,7 @@ pub fn decode<'a>(h: &Header, body: &'a [u8]) -> Result<Frame<'a>, ProtoError> {
 pub fn read_ok_pages(len: u32) -> Option<usize> {
     let len = len as usize;
     let n = len.checked_sub(4)? / READ_OK_PAGE_LEN;
-    (n >= 1 && n <= MAX_BATCH_PAGES && 4 + n * READ_OK_PAGE_LEN == len).then_some(n)
+    ((1..=MAX_BATCH_PAGES).contains(&n) && 4 + n * READ_OK_PAGE_LEN == len).then_some(n)
 }
 
 fn head(out: &mut Vec<u8>, kind: Kind, class: IoClass, id: u64, len: usize) {

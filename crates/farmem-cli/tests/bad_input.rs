@@ -1,0 +1,411 @@
+//! Bad input: garbage, truncated, oversized and out-of-order frames close the offending
+//! connection and nothing else; the server stays up, bounded in memory, serving a
+//! well-behaved client at the same time. Checksums are enforced on both ends.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use farmem::backend::tcp::TcpBackend;
+use farmem::backend::{Backend, IoClass, PageBuf, PageKey};
+use farmem::protocol::auth::{random_bytes, Secret, Transcript};
+use farmem::protocol::{self as p, ErrorCode, Frame, Header, Kind};
+use farmem::PAGE_SIZE;
+use support::*;
+
+const SECRET: &str = "bad-input-secret";
+
+/// A client speaking the raw protocol.
+struct Raw {
+    s: TcpStream,
+}
+
+impl Raw {
+    fn connect(addr: &str) -> Raw {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+        Raw { s }
+    }
+
+    fn send(&mut self, b: &[u8]) {
+        // The server may have closed already: that is what these tests provoke.
+        let _ = self.s.write_all(b);
+    }
+
+    fn frame(&mut self) -> Option<(Header, Vec<u8>)> {
+        let mut hb = [0u8; p::HEADER_LEN];
+        self.s.read_exact(&mut hb).ok()?;
+        let h = Header::decode(&hb).ok()?;
+        let mut body = vec![0u8; h.len as usize];
+        self.s.read_exact(&mut body).ok()?;
+        Some((h, body))
+    }
+
+    /// The server closed this connection (EOF, possibly after an Error frame).
+    fn closed_by_server(&mut self) -> bool {
+        let mut b = [0u8; 4096];
+        loop {
+            match self.s.read(&mut b) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// Connect and authenticate as `tenant`.
+    fn authenticated(addr: &str, tenant: &str, secret: &str) -> Raw {
+        let mut r = Raw::connect(addr);
+        let (session, nonce) = (random_bytes::<16>(), random_bytes::<32>());
+        let mut out = Vec::new();
+        p::encode_hello(
+            &mut out,
+            &p::Hello {
+                min_version: 1,
+                max_version: 1,
+                session,
+                nonce,
+                resume: false,
+                tenant,
+            },
+        );
+        r.send(&out);
+        let (h, body) = r.frame().unwrap();
+        let Ok(Frame::Challenge(c)) = p::decode(&h, &body) else {
+            panic!("no challenge")
+        };
+        let t = Transcript {
+            tenant,
+            session: &session,
+            client_nonce: &nonce,
+            server_nonce: &c.nonce,
+        };
+        out.clear();
+        p::encode_auth(
+            &mut out,
+            &p::Auth {
+                proof: t.client_proof(&Secret::from_text(secret).unwrap()),
+            },
+        );
+        r.send(&out);
+        let (h, body) = r.frame().unwrap();
+        match p::decode(&h, &body).unwrap() {
+            Frame::Welcome(_) => r,
+            other => panic!("not welcomed: {other:?}"),
+        }
+    }
+}
+
+fn read_req(id: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    p::encode_read(
+        &mut out,
+        id,
+        IoClass::Demand,
+        &[PageKey { region: 1, page: 0 }],
+    );
+    out
+}
+
+#[test]
+fn bad_frames_close_only_their_connection_while_others_are_served() {
+    let mut server = Server::shared(SECRET);
+    let rss_before = server.rss_kib();
+    let addr = server.addr.clone();
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        // A well-behaved program, working through the attack: 8 MiB through 1 MiB local.
+        let good = s.spawn(|| {
+            let rt = server.runtime("good", SECRET, 1 << 20);
+            let pages = 2048;
+            let r = rt.create_region(pages * PAGE_SIZE).unwrap();
+            let mut rounds = 0u64;
+            while !done.load(Ordering::Relaxed) || rounds < 2 {
+                for p in 0..pages {
+                    // SAFETY: inside the region.
+                    unsafe {
+                        (r.as_mut_ptr().add(p * PAGE_SIZE) as *mut u64).write(p as u64 ^ rounds)
+                    };
+                }
+                for p in 0..pages {
+                    // SAFETY: inside the region.
+                    let v = unsafe { (r.as_ptr().add(p * PAGE_SIZE) as *const u64).read() };
+                    assert_eq!(v, p as u64 ^ rounds, "good client, page {p}");
+                }
+                rounds += 1;
+            }
+            rounds
+        });
+        let _stop = StopFlag(&done);
+        let mut closed = 0;
+        let mut expect_closed = |mut r: Raw, what: &str| {
+            assert!(r.closed_by_server(), "{what}: connection should be closed");
+            closed += 1;
+        };
+        // Garbage of every size.
+        for i in 0..20usize {
+            let mut r = Raw::connect(&addr);
+            let junk: Vec<u8> = (0..(1 + i * 300)).map(|_| random_bytes::<1>()[0]).collect();
+            r.send(&junk);
+            r.send(&[0xFF; p::HEADER_LEN]); // an invalid kind, in case the junk was short
+            expect_closed(r, "garbage");
+        }
+        // A header announcing 4 GiB: refused from the header, nothing buffered.
+        let mut r = Raw::connect(&addr);
+        let mut h = Vec::new();
+        Header::new(Kind::Write, IoClass::WriteBack, 1, 0).encode(&mut h);
+        h[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        r.send(&h);
+        expect_closed(r, "oversized");
+        // A large frame before authenticating: refused on its header, nothing allocated.
+        let mut r = Raw::connect(&addr);
+        let mut h = Vec::new();
+        Header::new(Kind::Write, IoClass::WriteBack, 1, Kind::Write.max_body()).encode(&mut h);
+        r.send(&h);
+        expect_closed(r, "a large frame before the handshake");
+        // A request before the handshake, and a server's frame sent by a client.
+        let mut r = Raw::connect(&addr);
+        r.send(&read_req(1));
+        expect_closed(r, "request before the handshake");
+        let mut r = Raw::authenticated(&addr, "rogue", SECRET);
+        let mut ok = Vec::new();
+        p::encode_write_ok(
+            &mut ok,
+            9,
+            IoClass::Demand,
+            &p::WriteOk {
+                new_pages: 0,
+                session_pages: 0,
+            },
+        );
+        r.send(&ok);
+        expect_closed(r, "a reply sent by a client");
+        // The same request id twice while the first is in flight.
+        let mut r = Raw::authenticated(&addr, "rogue", SECRET);
+        let mut twice = read_req(5);
+        twice.extend(read_req(5));
+        r.send(&twice);
+        expect_closed(r, "a reused request id");
+        // A wrong proof.
+        let mut r = Raw::connect(&addr);
+        let mut hello = Vec::new();
+        p::encode_hello(
+            &mut hello,
+            &p::Hello {
+                min_version: 1,
+                max_version: 1,
+                session: [1; 16],
+                nonce: [2; 32],
+                resume: false,
+                tenant: "rogue",
+            },
+        );
+        r.send(&hello);
+        assert!(r.frame().is_some(), "challenge");
+        let mut auth = Vec::new();
+        p::encode_auth(&mut auth, &p::Auth { proof: [0; 32] });
+        r.send(&auth);
+        let (h, body) = r.frame().expect("an error frame");
+        assert!(
+            matches!(p::decode(&h, &body), Ok(Frame::Error(e)) if e.code == ErrorCode::AuthFailed)
+        );
+        expect_closed(r, "a wrong proof");
+        // Truncated frames: a large write that stops halfway, and half a header, then the
+        // client goes away. Many of them at once.
+        let mut stalled = Vec::new();
+        for i in 0..30 {
+            let mut r = Raw::authenticated(&addr, "rogue", SECRET);
+            let mut h = Vec::new();
+            Header::new(Kind::Write, IoClass::WriteBack, 1, Kind::Write.max_body()).encode(&mut h);
+            r.send(&h);
+            r.send(&vec![7u8; if i % 2 == 0 { 1 << 20 } else { 10 }]);
+            stalled.push(r);
+        }
+        for _ in 0..30 {
+            let mut r = Raw::connect(&addr);
+            r.send(&[16, 0, 0]);
+            stalled.push(r);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        drop(stalled);
+        // The server refuses a page whose checksum does not match, keeping the connection.
+        let mut r = Raw::authenticated(&addr, "checksums", SECRET);
+        let key = [PageKey { region: 4, page: 2 }];
+        let page = vec![0x5Au8; PAGE_SIZE];
+        let mut w = Vec::new();
+        p::encode_write_head(&mut w, 11, IoClass::WriteBack, &key, &page);
+        w.extend(std::iter::repeat_n(0x5Bu8, PAGE_SIZE)); // not the checksummed contents
+        r.send(&w);
+        let (h, body) = r.frame().expect("a reply");
+        assert!(
+            matches!(p::decode(&h, &body), Ok(Frame::Error(e)) if e.code == ErrorCode::Checksum),
+            "{:?}",
+            p::decode(&h, &body)
+        );
+        r.send(&read_req(12));
+        let mut rk = Vec::new();
+        p::encode_read(&mut rk, 13, IoClass::Demand, &key);
+        r.send(&rk);
+        let mut codes = Vec::new();
+        for _ in 0..2 {
+            let (h, body) = r.frame().expect("replies on the same connection");
+            if let Ok(Frame::Error(e)) = p::decode(&h, &body) {
+                codes.push(e.code);
+            }
+        }
+        assert_eq!(
+            codes,
+            [ErrorCode::NotFound, ErrorCode::NotFound],
+            "nothing was stored"
+        );
+        done.store(true, Ordering::Relaxed);
+        assert_eq!(closed, 26, "20 garbage + 6 protocol violations");
+        let rounds = good.join().unwrap();
+        assert!(rounds >= 2);
+    });
+    assert!(server.alive(), "the server survived: {}", server.log());
+    let bad = server.metric("farmem_server_bad_input_total");
+    assert!(bad >= 25.0, "bad connections counted: {bad}");
+    // Every byte held for requests and replies was given back.
+    wait_for("the memory held for requests to return to zero", || {
+        server.metric("farmem_server_held_bytes") == 0.0
+    });
+    assert!(
+        server.log().contains("sent bad input"),
+        "reasons are logged"
+    );
+    // Nothing was kept of the attack: the store and the server's memory stay small.
+    let rss = server.rss_kib();
+    assert!(
+        rss < rss_before + 200 * 1024,
+        "server memory grew from {rss_before} to {rss} KiB"
+    );
+}
+
+struct StopFlag<'a>(&'a AtomicBool);
+
+impl Drop for StopFlag<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A fake server that authenticates properly but corrupts every page it returns.
+fn corrupting_server(secret: &'static str) -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(s) = s else { return };
+            std::thread::spawn(move || serve_corrupting(s, secret));
+        }
+    });
+    addr
+}
+
+fn serve_corrupting(mut s: TcpStream, secret: &str) {
+    let mut r = Raw {
+        s: s.try_clone().unwrap(),
+    };
+    let Some((h, body)) = r.frame() else { return };
+    let Ok(Frame::Hello(hello)) = p::decode(&h, &body) else {
+        return;
+    };
+    let server_nonce = random_bytes::<32>();
+    let mut out = Vec::new();
+    p::encode_challenge(
+        &mut out,
+        &p::Challenge {
+            version: 1,
+            nonce: server_nonce,
+            instance: 7,
+        },
+    );
+    let (tenant, session, client_nonce) = (hello.tenant.to_string(), hello.session, hello.nonce);
+    s.write_all(&out).unwrap();
+    let Some(_auth) = r.frame() else { return };
+    let t = Transcript {
+        tenant: &tenant,
+        session: &session,
+        client_nonce: &client_nonce,
+        server_nonce: &server_nonce,
+    };
+    out.clear();
+    p::encode_welcome(
+        &mut out,
+        &p::Welcome {
+            proof: t.server_proof(&Secret::from_text(secret).unwrap()),
+            resumed: false,
+            session_pages: 0,
+            quota_pages: 1 << 20,
+            capacity_pages: 1 << 20,
+            max_batch: 256,
+            window_pages: 4096,
+        },
+    );
+    s.write_all(&out).unwrap();
+    while let Some((h, body)) = r.frame() {
+        out.clear();
+        match p::decode(&h, &body).unwrap() {
+            Frame::Read(rq) => {
+                let n = rq.len();
+                let good = vec![1u8; PAGE_SIZE];
+                let crcs = vec![p::page_crc(&good); n];
+                p::encode_read_ok_head(&mut out, h.id, h.class, &crcs);
+                for i in 0..n {
+                    let mut page = good.clone();
+                    page[i % PAGE_SIZE] ^= 0x40; // one flipped bit per page
+                    out.extend(page);
+                }
+            }
+            Frame::Close => p::encode_free_ok(
+                &mut out,
+                h.id,
+                &p::FreeOk {
+                    freed: 0,
+                    session_pages: 0,
+                },
+            ),
+            _ => p::encode_write_ok(
+                &mut out,
+                h.id,
+                h.class,
+                &p::WriteOk {
+                    new_pages: 0,
+                    session_pages: 0,
+                },
+            ),
+        }
+        if s.write_all(&out).is_err() {
+            return;
+        }
+    }
+}
+
+#[test]
+fn client_refuses_pages_whose_checksum_does_not_match() {
+    let addr = corrupting_server("fake-secret");
+    let spec = farmem::TcpSpec {
+        addr,
+        tenant: "victim".into(),
+        token: Secret::from_text("fake-secret"),
+        reconnect_window: Duration::from_secs(5),
+    };
+    let b = TcpBackend::connect(spec).unwrap();
+    let keys: Vec<PageKey> = (0..3).map(|page| PageKey { region: 1, page }).collect();
+    let e = b
+        .submit_read(IoClass::Demand, keys, PageBuf::new(3))
+        .wait()
+        .err()
+        .expect("a corrupted page must not be accepted")
+        .to_string();
+    assert!(e.contains("bad checksum"), "{e}");
+    assert!(b
+        .counters()
+        .iter()
+        .any(|&(n, v)| n == "tcp_checksum_errors" && v == 1));
+}
