@@ -249,17 +249,23 @@ fn fetch_locked(
             pt::unlock(pt::entry(l.vpn), l.old);
         }
     }
-    let (demand, ahead) = batch.split_at(n_demand);
-    // Both reads go out before either is waited for: over a network the read-ahead then
-    // costs no extra round trip, and the demanded pages (served first by the backend) are
-    // installed while the read-ahead is still in flight.
-    let demand_read = submit_phase(inner, reg, demand, IoClass::Demand, &RECV)?;
-    let ahead_read = submit_phase(inner, reg, ahead, IoClass::Prefetch, &RECV_AHEAD)?;
-    install_phase(inner, reg, req, demand, demand_read, &RECV)?;
-    if !ahead.is_empty() {
+    let ahead_len = batch.len() - n_demand;
+    if req.mode == Mode::Hint {
+        // A hint returns only once its read-ahead is installed too: one request for all the
+        // pages (one reply, one wake-up) is all the thread can use.
+        let read = submit_phase(inner, reg, batch, IoClass::Demand, &RECV)?;
+        install_phase(inner, reg, req, batch, read, &RECV)?;
+    } else {
+        // The faulting thread resumes as soon as its page is in, so the read-ahead goes as a
+        // separate, lower-priority request. Both are sent before either is waited for: over
+        // a network the read-ahead then costs no extra round trip.
+        let (demand, ahead) = batch.split_at(n_demand);
+        let demand_read = submit_phase(inner, reg, demand, IoClass::Demand, &RECV)?;
+        let ahead_read = submit_phase(inner, reg, ahead, IoClass::Prefetch, &RECV_AHEAD)?;
+        install_phase(inner, reg, req, demand, demand_read, &RECV)?;
         install_phase(inner, reg, req, ahead, ahead_read, &RECV_AHEAD)?;
-        add(&inner.stats.c.readahead_pages, ahead.len() as u64);
     }
+    add(&inner.stats.c.readahead_pages, ahead_len as u64);
     let vpns: Vec<usize> = batch.iter().map(|l| l.vpn).collect();
     inner.policy.lock().insert(&vpns, req.prio);
     inner.stats.record_fetch(t0.elapsed().as_nanos() as u64);

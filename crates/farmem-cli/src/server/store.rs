@@ -15,6 +15,75 @@ use farmem::PAGE_SIZE;
 /// Server-internal number of a session.
 pub type SessionIdx = u32;
 
+/// Pages per index chunk: one hash lookup finds the chunk, an array index finds the page.
+/// Consecutive pages (what batches carry) share a chunk; a sparse region costs at most
+/// 256 bytes of index per stored page.
+const CHUNK: u64 = 64;
+
+/// The slots of one region's pages, by chunk of `CHUNK` pages (`NONE`: not stored).
+#[derive(Default)]
+struct RegionIndex {
+    chunks: HashMap<u64, Box<[u32; CHUNK as usize]>>,
+    pages: usize,
+}
+
+const NONE: u32 = u32::MAX;
+
+impl RegionIndex {
+    fn get(&self, page: u64) -> Option<u32> {
+        let c = self.chunks.get(&(page / CHUNK))?;
+        let slot = c[(page % CHUNK) as usize];
+        (slot != NONE).then_some(slot)
+    }
+
+    fn insert(&mut self, page: u64, slot: u32) {
+        let c = self
+            .chunks
+            .entry(page / CHUNK)
+            .or_insert_with(|| Box::new([NONE; CHUNK as usize]));
+        let e = &mut c[(page % CHUNK) as usize];
+        debug_assert_eq!(*e, NONE, "insert of a stored page");
+        *e = slot;
+        self.pages += 1;
+    }
+
+    fn remove(&mut self, page: u64) -> Option<u32> {
+        let c = self.chunks.get_mut(&(page / CHUNK))?;
+        let e = &mut c[(page % CHUNK) as usize];
+        let slot = std::mem::replace(e, NONE);
+        if slot == NONE {
+            return None;
+        }
+        self.pages -= 1;
+        if c.iter().all(|&s| s == NONE) {
+            self.chunks.remove(&(page / CHUNK));
+        }
+        Some(slot)
+    }
+
+    /// Remove the pages in `[first, end)`, pushing their slots.
+    fn remove_range(&mut self, first: u64, end: u64, out: &mut Vec<u32>) {
+        let before = out.len();
+        if end - first < self.chunks.len() as u64 * CHUNK {
+            for p in first..end {
+                out.extend(self.remove(p));
+            }
+            return;
+        }
+        // Cheaper to walk what is stored than the range.
+        self.chunks.retain(|&ci, c| {
+            for (i, e) in c.iter_mut().enumerate() {
+                let p = ci * CHUNK + i as u64;
+                if *e != NONE && (first..end).contains(&p) {
+                    out.push(std::mem::replace(e, NONE));
+                }
+            }
+            c.iter().any(|&s| s != NONE)
+        });
+        self.pages -= out.len() - before;
+    }
+}
+
 pub struct Store {
     base: *mut u8,
     capacity: usize,
@@ -24,7 +93,7 @@ pub struct Store {
     /// Checksum of the page in each slot (verified on arrival, sent with every read).
     crcs: Vec<u32>,
     /// Per (session, region): page index to slot.
-    regions: HashMap<(SessionIdx, u32), HashMap<u64, u32>>,
+    regions: HashMap<(SessionIdx, u32), RegionIndex>,
     used: usize,
 }
 
@@ -69,7 +138,7 @@ impl Store {
     }
 
     fn slot_of(&self, s: SessionIdx, k: PageKey) -> Option<u32> {
-        self.regions.get(&(s, k.region))?.get(&k.page).copied()
+        self.regions.get(&(s, k.region))?.get(k.page)
     }
 
     /// A stored page and its checksum.
@@ -118,27 +187,12 @@ impl Store {
 
     /// Free pages `[first, first + count)` of a region. Returns how many were stored.
     pub fn free_range(&mut self, s: SessionIdx, region: u32, first: u64, count: u64) -> usize {
-        let Some(pages) = self.regions.get_mut(&(s, region)) else {
+        let Some(index) = self.regions.get_mut(&(s, region)) else {
             return 0;
         };
-        let end = first.saturating_add(count);
         let mut slots = Vec::new();
-        if count as usize >= pages.len() {
-            pages.retain(|&p, &mut slot| {
-                let gone = p >= first && p < end;
-                if gone {
-                    slots.push(slot);
-                }
-                !gone
-            });
-        } else {
-            for p in first..end {
-                if let Some(slot) = pages.remove(&p) {
-                    slots.push(slot);
-                }
-            }
-        }
-        if pages.is_empty() {
+        index.remove_range(first, first.saturating_add(count), &mut slots);
+        if index.pages == 0 {
             self.regions.remove(&(s, region));
         }
         self.release(slots)
@@ -154,8 +208,10 @@ impl Store {
             .collect();
         let mut slots = Vec::new();
         for k in keys {
-            if let Some(pages) = self.regions.remove(&k) {
-                slots.extend(pages.into_values());
+            if let Some(index) = self.regions.remove(&k) {
+                for c in index.chunks.into_values() {
+                    slots.extend(c.iter().copied().filter(|&s| s != NONE));
+                }
             }
         }
         self.release(slots)
@@ -215,6 +271,26 @@ mod tests {
         assert_eq!(st.free_session(1), 1);
         assert!(st.get(1, key(1, 0)).is_none());
         assert_eq!(st.get(2, key(1, 0)).unwrap().1, &page(2)[..]);
+    }
+
+    #[test]
+    fn ranges_across_chunks_free_exactly_their_pages() {
+        let mut st = Store::new(1024).unwrap();
+        let stored: Vec<u64> = (0..300).chain([5000, 5001, 1 << 40]).collect();
+        for &p in &stored {
+            st.put(1, key(2, p), p as u32, &page(p as u8));
+        }
+        // A small range (walked page by page) and a huge one (walked by what is stored).
+        assert_eq!(st.free_range(1, 2, 60, 10), 10);
+        assert_eq!(st.free_range(1, 2, 250, 1 << 50), 50 + 3);
+        for &p in &stored {
+            let want = p < 60 || (70..250).contains(&p);
+            assert_eq!(st.get(1, key(2, p)).is_some(), want, "page {p}");
+        }
+        assert_eq!(st.used(), 240);
+        assert_eq!(st.free_range(1, 2, 0, u64::MAX), 240);
+        assert_eq!(st.used(), 0);
+        assert!(st.regions.is_empty());
     }
 
     #[test]

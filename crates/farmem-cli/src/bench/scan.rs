@@ -1,6 +1,7 @@
-//! `farmem bench`: page-scan throughput of far-memory regions against a native array in the
-//! same run, at several local-memory fractions, unhinted and hinted; plus the cost of the
-//! hint fast path (ns per call natively, instructions per call under callgrind).
+//! `farmem bench` (the default measurement): page-scan throughput of far-memory regions
+//! against a native array in the same run, at several local-memory fractions, unhinted and
+//! hinted, on one or several backends measured in turn; plus the cost of the hint fast path
+//! (ns per call natively, instructions per call under callgrind).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -9,6 +10,9 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use farmem::config::parse_size;
 use farmem::{BackendSpec, Config, Runtime, PAGE_SIZE};
+
+use super::median;
+use super::spawn::LocalServer;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum Pattern {
@@ -48,9 +52,11 @@ pub struct Args {
     /// Runs per point; the median is reported.
     #[arg(long, default_value_t = 3)]
     repeat: usize,
-    /// Far-memory backend.
-    #[arg(long, default_value = "local://")]
-    backend: String,
+    /// Far-memory backends, measured in turn at every point: local://, local+lz4://,
+    /// tcp://[TENANT@]HOST:PORT (secret in FARMEM_TOKEN), or tcp://auto to start a farmem
+    /// server on loopback for the run.
+    #[arg(long, value_delimiter = ',', default_value = "local://")]
+    backend: Vec<String>,
     /// Also write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -93,12 +99,8 @@ fn scan(base: *const u8, order: &[u32], mode: Option<Mode>) -> (f64, u64) {
     (order.len() as f64 / t.elapsed().as_secs_f64(), sum)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
-
 struct Row {
+    backend: String,
     local_pct: f64,
     pattern: Pattern,
     mode: Option<Mode>,
@@ -106,6 +108,35 @@ struct Row {
     ratio: f64,
     faults: u64,
     fetched: u64,
+}
+
+/// The backends to measure; `tcp://auto` starts a server for the run.
+fn backends(list: &[String]) -> Result<(Vec<BackendSpec>, Option<LocalServer>)> {
+    let mut server = None;
+    let mut specs = Vec::new();
+    for b in list {
+        if b.trim() == "tcp://auto" {
+            if server.is_none() {
+                server = Some(LocalServer::start(&[], &["--capacity", "64G"])?);
+            }
+            let srv = server.as_ref().expect("started");
+            specs.push(BackendSpec::Tcp(srv.spec("bench")));
+        } else {
+            specs.push(BackendSpec::parse(b)?);
+        }
+    }
+    if specs.is_empty() {
+        bail!("--backend needs at least one backend");
+    }
+    Ok((specs, server))
+}
+
+fn spec_name(s: &BackendSpec) -> String {
+    match s {
+        BackendSpec::Local { lz4: false } => "local".into(),
+        BackendSpec::Local { lz4: true } => "local+lz4".into(),
+        BackendSpec::Tcp(_) => "tcp".into(),
+    }
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -117,7 +148,15 @@ pub fn run(a: Args) -> Result<()> {
     if npages < 1024 {
         bail!("--size must be at least 4M");
     }
-    let backend = BackendSpec::parse(&a.backend)?;
+    for &pct in &a.local {
+        if !(pct > 0.0 && pct <= 100.0) {
+            bail!("local percentage {pct} must be in (0, 100]");
+        }
+    }
+    let (specs, server) = backends(&a.backend)?;
+    if let Some(s) = &server {
+        eprintln!("started farmem server at {} for tcp://auto", s.addr);
+    }
     // Other settings (FARMEM_EVICT_BATCH, FARMEM_FAULT_SPIN_US, ...) come from the environment.
     let base_cfg = Config::from_env().context("FARMEM_* settings")?;
     let seq: Vec<u32> = (0..npages as u32).collect();
@@ -145,81 +184,93 @@ pub fn run(a: Args) -> Result<()> {
     let native_of = |p: Pattern| native_rate.iter().find(|(q, _)| *q == p).unwrap().1;
 
     let mut rows = Vec::new();
-    let total = a.local.len() * a.patterns.len() * a.modes.len();
+    let total = a.local.len() * a.patterns.len() * a.modes.len() * specs.len() * a.repeat;
     let started = Instant::now();
     let mut done = 0usize;
     for &pct in &a.local {
-        if !(pct > 0.0 && pct <= 100.0) {
-            bail!("local percentage {pct} must be in (0, 100]");
-        }
         // The control thread keeps `free_pct` (1%) of the budget free and read-ahead needs a
         // little room in flight: size the budget so that `pct`% of the data can be resident.
         let free = base_cfg.free_pct / 100.0;
         let budget = (size as f64 * pct / 100.0 / (1.0 - free)) as u64 + (256 * PAGE_SIZE) as u64;
-        let rt = Runtime::new(Config {
-            local_mem: budget,
-            backend: backend.clone(),
-            ..base_cfg.clone()
-        })?;
-        let region = rt.create_region(size)?;
-        let base = region.as_mut_ptr();
-        for chunk in (0..npages).step_by(64) {
-            let n = 64.min(npages - chunk);
-            // SAFETY: inside the region.
-            let p = unsafe { base.add(chunk * PAGE_SIZE) };
-            farmem::hint_ex(p, n * PAGE_SIZE, farmem::FM_WRITE, 0, 0);
-            for i in 0..n {
+        // One runtime and region per backend, all filled before any is timed.
+        let mut setups = Vec::new();
+        for spec in &specs {
+            let rt = Runtime::new(Config {
+                local_mem: budget,
+                backend: spec.clone(),
+                ..base_cfg.clone()
+            })?;
+            let region = rt.create_region(size)?;
+            let base = region.as_mut_ptr();
+            for chunk in (0..npages).step_by(64) {
+                let n = 64.min(npages - chunk);
                 // SAFETY: inside the region.
-                unsafe { (p.add(i * PAGE_SIZE) as *mut u64).write(value(chunk + i)) };
+                let p = unsafe { base.add(chunk * PAGE_SIZE) };
+                farmem::hint_ex(p, n * PAGE_SIZE, farmem::FM_WRITE, 0, 0);
+                for i in 0..n {
+                    // SAFETY: inside the region.
+                    unsafe { (p.add(i * PAGE_SIZE) as *mut u64).write(value(chunk + i)) };
+                }
             }
+            setups.push((spec_name(spec), rt, region));
         }
         for &pat in &a.patterns {
             for &mode in &a.modes {
-                eprint!(
-                    "\r[{done}/{total}] local {pct}% {pat:?} {mode:?} ({:.0} s elapsed)      ",
-                    started.elapsed().as_secs_f64()
-                );
-                let before = rt.stats();
-                let runs: Vec<f64> = (0..a.repeat)
-                    .map(|_| {
-                        let (r, s) = scan(base, order(pat), Some(mode));
-                        assert_eq!(s, expect, "far-memory checksum ({pct}% {pat:?} {mode:?})");
-                        r
-                    })
-                    .collect();
-                let after = rt.stats();
-                let m = median(runs);
-                rows.push(Row {
-                    local_pct: pct,
-                    pattern: pat,
-                    mode: Some(mode),
-                    pages_per_s: m,
-                    ratio: m / native_of(pat),
-                    faults: (after.unhinted_faults - before.unhinted_faults) / a.repeat as u64,
-                    fetched: (after.pages_fetched - before.pages_fetched) / a.repeat as u64,
-                });
-                done += 1;
+                // Repetitions go round the backends, so that a noisy moment hits all alike.
+                let mut runs = vec![Vec::new(); setups.len()];
+                let before: Vec<_> = setups.iter().map(|(_, rt, _)| rt.stats()).collect();
+                for _ in 0..a.repeat {
+                    for (i, (name, _, region)) in setups.iter().enumerate() {
+                        eprint!(
+                            "\r[{done}/{total}] local {pct}% {pat:?} {mode:?} {name} ({:.0} s \
+                             elapsed)      ",
+                            started.elapsed().as_secs_f64()
+                        );
+                        let (r, s) = scan(region.as_mut_ptr(), order(pat), Some(mode));
+                        assert_eq!(
+                            s, expect,
+                            "far-memory checksum ({name} {pct}% {pat:?} {mode:?})"
+                        );
+                        runs[i].push(r);
+                        done += 1;
+                    }
+                }
+                for (i, (name, rt, _)) in setups.iter().enumerate() {
+                    let after = rt.stats();
+                    let m = median(runs[i].clone());
+                    rows.push(Row {
+                        backend: name.clone(),
+                        local_pct: pct,
+                        pattern: pat,
+                        mode: Some(mode),
+                        pages_per_s: m,
+                        ratio: m / native_of(pat),
+                        faults: (after.unhinted_faults - before[i].unhinted_faults)
+                            / a.repeat as u64,
+                        fetched: (after.pages_fetched - before[i].pages_fetched) / a.repeat as u64,
+                    });
+                }
             }
         }
     }
     eprintln!("\r{:70}", "");
 
     println!(
-        "page scans over {} MiB, backend {}, median of {} (pages/s; ratio to the native array)",
+        "page scans over {} MiB, median of {} (pages/s; ratio to the native array)",
         size >> 20,
-        a.backend,
         a.repeat
     );
     for (p, r) in &native_rate {
         println!("  native {p:?}: {r:.0} pages/s");
     }
     println!(
-        "{:>6} {:>5} {:>10} {:>12} {:>8} {:>10} {:>10}",
-        "local", "scan", "mode", "pages/s", "ratio", "faults", "fetched"
+        "{:>9} {:>6} {:>5} {:>10} {:>12} {:>8} {:>10} {:>10}",
+        "backend", "local", "scan", "mode", "pages/s", "ratio", "faults", "fetched"
     );
     for r in &rows {
         println!(
-            "{:>5}% {:>5} {:>10} {:>12.0} {:>8.3} {:>10} {:>10}",
+            "{:>9} {:>5}% {:>5} {:>10} {:>12.0} {:>8.3} {:>10} {:>10}",
+            r.backend,
             r.local_pct,
             format!("{:?}", r.pattern).to_lowercase(),
             r.mode.map(mode_name).unwrap_or("native"),
@@ -229,6 +280,7 @@ pub fn run(a: Args) -> Result<()> {
             r.fetched
         );
     }
+    drop(server);
 
     let hint_cost = if a.no_hint_cost {
         None
@@ -257,11 +309,12 @@ pub fn run(a: Args) -> Result<()> {
     if let Some(path) = &a.json {
         let j = serde_json::json!({
             "size_bytes": size,
-            "backend": a.backend,
+            "backends": a.backend,
             "repeat": a.repeat,
             "native": native_rate.iter().map(|(p, r)| serde_json::json!({
                 "pattern": format!("{p:?}").to_lowercase(), "pages_per_s": r })).collect::<Vec<_>>(),
             "points": rows.iter().map(|r| serde_json::json!({
+                "backend": r.backend,
                 "local_pct": r.local_pct,
                 "pattern": format!("{:?}", r.pattern).to_lowercase(),
                 "mode": r.mode.map(mode_name),

@@ -1,0 +1,42 @@
+//! `farmem bench`: measurements that put competitors side by side in one run (these machines
+//! are shared and noisy: only same-run ratios and medians mean something).
+
+mod scan;
+mod server;
+mod spawn;
+
+use anyhow::Result;
+use clap::Subcommand;
+
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Args {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+    #[command(flatten)]
+    scan: scan::Args,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// The memory server and TCP backend alone: batched read throughput (1 and 2 clients),
+    /// demand-read latency, and fair sharing between two tenants (weights 1:1 and 2:1).
+    Server(server::Args),
+    /// (internal) One tenant's load process for `farmem bench server`.
+    #[command(hide = true)]
+    Load(server::LoadArgs),
+}
+
+pub fn run(a: Args) -> Result<()> {
+    match a.cmd {
+        None => scan::run(a.scan),
+        Some(Cmd::Server(s)) => server::run(s),
+        Some(Cmd::Load(l)) => server::load(l),
+    }
+}
+
+/// Median of a non-empty sample.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
