@@ -3,6 +3,7 @@
 mod bench;
 mod demo;
 mod server;
+mod swap_baseline;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
