@@ -33,8 +33,17 @@ impl LocalServer {
             std::process::id(),
             u32::from_le_bytes(random_bytes())
         ));
-        std::fs::write(&token_file, tokens)
-            .with_context(|| format!("writing {}", token_file.display()))?;
+        {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&token_file)
+                .and_then(|mut f| f.write_all(tokens.as_bytes()))
+                .with_context(|| format!("writing {}", token_file.display()))?;
+        }
         let exe = std::env::current_exe().context("locating the farmem binary")?;
         let mut child = Command::new(exe)
             .args(["server", "--listen", "127.0.0.1:0", "--token-file"])

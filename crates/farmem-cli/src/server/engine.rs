@@ -52,6 +52,47 @@ pub struct Config {
     pub global_limit: usize,
     /// Keep polling without sleeping this long after the last request.
     pub spin: Duration,
+    /// Most pages served per second (a link's capacity); `None`: as fast as possible.
+    pub max_pages_per_s: Option<f64>,
+}
+
+/// A token bucket in front of the fair queue: it caps the pages served per second, as a
+/// network link would. What the cap holds back waits in the fair queue, where the tenants'
+/// weights decide who goes next.
+struct Bucket {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    last: Instant,
+}
+
+impl Bucket {
+    fn new(rate: f64) -> Bucket {
+        // Two milliseconds of service, at least one full batch.
+        let burst = (rate / 500.0).max(p::MAX_BATCH_PAGES as f64);
+        Bucket {
+            rate,
+            burst,
+            tokens: burst,
+            last: Instant::now(),
+        }
+    }
+
+    fn refill(&mut self) {
+        let now = Instant::now();
+        let dt = now.duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.tokens = (self.tokens + dt * self.rate).min(self.burst);
+    }
+
+    /// How long until the bucket allows service again (zero if it does now).
+    fn wait(&self) -> Duration {
+        if self.tokens >= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(-self.tokens / self.rate)
+        }
+    }
 }
 
 struct Tenant {
@@ -78,6 +119,8 @@ struct Job {
     kind: Kind,
     body: Body,
     session: SessionIdx,
+    /// Pages read or written (what the bandwidth cap counts).
+    pages: usize,
     /// Bytes counted in the connection's `held` for this job.
     reserve: usize,
 }
@@ -110,6 +153,7 @@ pub struct Engine {
     instance: u64,
     global_held: usize,
     paused: Vec<u64>,
+    bucket: Option<Bucket>,
     stop: bool,
 }
 
@@ -145,6 +189,7 @@ impl Engine {
         poll.registry()
             .register(&mut signals, SIGNALS, Interest::READABLE)?;
         let store = Store::new(cfg.capacity_pages)?;
+        let bucket = cfg.max_pages_per_s.map(Bucket::new);
         Ok(Engine {
             cfg,
             poll,
@@ -164,6 +209,7 @@ impl Engine {
             instance: u64::from_le_bytes(random_bytes::<8>()),
             global_held: 0,
             paused: Vec::new(),
+            bucket,
             stop: false,
         })
     }
@@ -174,8 +220,16 @@ impl Engine {
         let mut last_tick = Instant::now();
         let mut last_work = Instant::now();
         while !self.stop {
-            let busy = !self.sched.is_empty() || last_work.elapsed() < self.cfg.spin;
-            let timeout = if busy {
+            let capped = match &mut self.bucket {
+                Some(b) => {
+                    b.refill();
+                    b.wait()
+                }
+                None => Duration::ZERO,
+            };
+            let timeout = if !self.sched.is_empty() {
+                capped
+            } else if last_work.elapsed() < self.cfg.spin {
                 Duration::ZERO
             } else {
                 Duration::from_millis(200)
@@ -698,6 +752,7 @@ impl Engine {
                 kind: h.kind,
                 body,
                 session,
+                pages,
                 reserve,
             },
             pages.max(1) as u64,
@@ -705,12 +760,21 @@ impl Engine {
         Ok(())
     }
 
-    /// Serve a turn's worth of queued requests in fair order.
+    /// Serve a turn's worth of queued requests in fair order (within the bandwidth cap).
     fn serve(&mut self) {
         for _ in 0..JOBS_PER_TURN {
+            if let Some(b) = &mut self.bucket {
+                b.refill();
+                if b.tokens < 0.0 {
+                    return;
+                }
+            }
             let Some((tenant, job)) = self.sched.pop() else {
                 return;
             };
+            if let Some(b) = &mut self.bucket {
+                b.tokens -= job.pages as f64;
+            }
             self.execute(tenant, job);
         }
     }

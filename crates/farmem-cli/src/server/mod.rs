@@ -64,6 +64,11 @@ pub struct Args {
     /// Pages one connection may have in flight (requests plus replies not yet sent).
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(64..=65536))]
     window: u32,
+    /// Cap on page data served per second, all tenants together (e.g. 1G for 1 GiB/s): the
+    /// capacity of the link to emulate, or a limit on the server's network use. What the cap
+    /// holds back is shared among tenants by their weights.
+    #[arg(long, value_name = "SIZE_PER_S")]
+    max_bandwidth: Option<String>,
     /// After serving, keep polling this long before sleeping (lower latency, more CPU).
     #[arg(long, value_name = "MICROSECONDS", default_value_t = 0)]
     spin_us: u64,
@@ -138,6 +143,16 @@ pub fn run(a: Args) -> Result<()> {
         Some(q) => parse_size(q).context("--default-quota")? / PAGE_SIZE as u64,
         None => capacity_pages as u64,
     };
+    let max_pages_per_s = match &a.max_bandwidth {
+        Some(b) => {
+            let bytes = parse_size(b.trim_end_matches("/s")).context("--max-bandwidth")?;
+            if bytes < PAGE_SIZE as u64 {
+                bail!("--max-bandwidth must be at least one page (4K) per second");
+            }
+            Some(bytes as f64 / PAGE_SIZE as f64)
+        }
+        None => None,
+    };
     let listen = resolve(&a.listen, "--listen")?;
     if !listen.ip().is_loopback() {
         tracing::warn!(
@@ -176,13 +191,21 @@ pub fn run(a: Args) -> Result<()> {
         window_pages: a.window,
         global_limit: 256 << 20,
         spin: Duration::from_micros(a.spin_us),
+        max_pages_per_s,
     };
     let mut engine = engine::Engine::new(cfg, listener, sig_read, m)
         .context("starting the server (reserving the page store)")?;
     // The first line is for scripts and tests: the address actually bound.
+    let cap = match max_pages_per_s {
+        Some(r) => format!(
+            "; bandwidth cap {:.0} MiB/s",
+            r * PAGE_SIZE as f64 / 1048576.0
+        ),
+        None => String::new(),
+    };
     println!(
         "farmem server listening on {bound} (capacity {} MiB; auth: {auth_desc}; metrics: \
-         {metrics_desc})",
+         {metrics_desc}{cap})",
         capacity_bytes >> 20
     );
     use std::io::Write;
