@@ -1,6 +1,7 @@
-//! The core integrity-under-churn test with its pages in a real `farmem server` process:
-//! zero mismatches, also while a proxy cuts every connection again and again (the client
-//! must reconnect, resume its session and re-send exactly what was unanswered).
+//! The core integrity tests with their pages in a real `farmem server` process: churn (zero
+//! mismatches, also while a proxy cuts every connection again and again: the client must
+//! reconnect, resume its session and re-send exactly what was unanswered), and sequential
+//! scans with read-ahead windows in flight over the network.
 
 #[path = "../../farmem/tests/common/mod.rs"]
 mod common;
@@ -10,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::churn::{churn, BUDGET};
+use common::scans::overlapping_scans;
 use farmem::{BackendSpec, Config, Runtime};
 use support::*;
 
@@ -72,4 +74,12 @@ fn integrity_while_connections_are_cut() {
     assert!(reconnects >= 3, "the client reconnected: {report}");
     // With dozens of cuts in the middle of heavy traffic, some requests were in flight.
     assert!(resent > 0, "unanswered requests were re-sent: {report}");
+}
+
+#[test]
+fn scans_with_readahead_in_flight_over_tcp() {
+    let server = Server::shared("scan-secret");
+    let rt = server.runtime("scans", "scan-secret", common::scans::BUDGET);
+    overlapping_scans(rt.clone());
+    assert!(rt.stats().prefetch_batches > 200, "{}", rt.stats());
 }

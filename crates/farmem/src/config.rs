@@ -132,6 +132,9 @@ pub struct Config {
     pub fault_readahead: usize,
     /// Largest `rdahead` a hint may ask for, in pages (`FARMEM_MAX_RDAHEAD`, default 256).
     pub max_rdahead: usize,
+    /// Read-ahead windows kept in flight ahead of a sequential hint (`FM_SEQ` with forward
+    /// read-ahead), fetched asynchronously (`FARMEM_HINT_PIPELINE`, default 2; 0: off).
+    pub hint_pipeline: usize,
     /// Threads reading the userfaultfd (`FARMEM_FAULT_THREADS`, default 1).
     pub fault_threads: usize,
     /// Busy-poll the userfaultfd this long after each event before sleeping in `poll`
@@ -155,6 +158,7 @@ impl Default for Config {
             policy: PolicyKind::Fifo,
             fault_readahead: 64,
             max_rdahead: 256,
+            hint_pipeline: 2,
             fault_threads: 1,
             fault_spin_us: 50,
             steal_after_us: 500,
@@ -242,6 +246,9 @@ impl Config {
         if let Some(v) = env_num("FARMEM_MAX_RDAHEAD")? {
             c.max_rdahead = v;
         }
+        if let Some(v) = env_num("FARMEM_HINT_PIPELINE")? {
+            c.hint_pipeline = v;
+        }
         if let Some(v) = env_num("FARMEM_FAULT_THREADS")? {
             c.fault_threads = v;
         }
@@ -287,6 +294,12 @@ impl Config {
             return Err(Error::Config(format!(
                 "fault threads {} must be between 1 and 64",
                 self.fault_threads
+            )));
+        }
+        if self.hint_pipeline > 16 {
+            return Err(Error::Config(format!(
+                "hint pipeline depth {} must be at most 16 windows",
+                self.hint_pipeline
             )));
         }
         if self.max_rdahead > 4096 || self.fault_readahead > 4096 {

@@ -12,12 +12,12 @@ use crate::backend::{Completion, IoClass, PageBuf, PageKey};
 use crate::error::{Error, Result};
 use crate::page_table::{self as pt, ABSENT, ACCESSED, DIRTY, EVER_WRITTEN, NOWRITE};
 use crate::page_table::{PRIO_MASK, PRIO_SHIFT, REGISTERED, REMOTE};
-use crate::reclaim;
 use crate::region::RegionInfo;
 use crate::runtime::Inner;
 use crate::stats::add;
 use crate::sys::mem::{self, PAGE_SIZE};
 use crate::sys::uffd;
+use crate::{prefetch, reclaim};
 
 /// Most demanded pages locked and fetched in one go; longer hints loop.
 const DEMAND_CHUNK: usize = 256;
@@ -60,13 +60,21 @@ pub(crate) struct Outcome {
 
 /// A page locked for fetching.
 #[derive(Clone, Copy)]
-struct Locked {
-    vpn: usize,
-    old: u64,
-    writable: bool,
+pub(crate) struct Locked {
+    pub vpn: usize,
+    /// Its metadata word before it was locked.
+    pub old: u64,
+    /// Install it writable (else write-protected, so the first write is noticed).
+    pub writable: bool,
 }
 
-fn owner_id() -> u16 {
+impl Locked {
+    pub fn new(vpn: usize, old: u64, writable: bool) -> Locked {
+        Locked { vpn, old, writable }
+    }
+}
+
+pub(crate) fn owner_id() -> u16 {
     static NEXT: AtomicU32 = AtomicU32::new(1);
     thread_local!(static ID: u16 = (NEXT.fetch_add(1, Ordering::Relaxed) % 0xFFFF) as u16 + 1);
     ID.with(|i| *i)
@@ -132,6 +140,9 @@ pub(crate) fn ensure(inner: &Inner, reg: &RegionInfo, req: &Request) -> Result<O
                 vpn += 1;
                 continue;
             }
+            // Held by read-ahead in flight: complete it here (this thread holds no page
+            // lock at this point), then look at the page again.
+            Err(_) if prefetch::complete_covering(inner, vpn)? => continue,
             Err(_) if req.mode == Mode::Fault => {
                 out.busy = true;
                 return Ok(out);
@@ -187,7 +198,7 @@ pub(crate) fn ensure(inner: &Inner, reg: &RegionInfo, req: &Request) -> Result<O
 }
 
 /// Lock `vpn` if it is absent and free; `None` otherwise (left untouched).
-fn lock_absent(vpn: usize, me: u16) -> Option<u64> {
+pub(crate) fn lock_absent(vpn: usize, me: u16) -> Option<u64> {
     let w = pt::entry(vpn);
     if w.load(Ordering::Relaxed) & (ABSENT | REGISTERED) != (ABSENT | REGISTERED) {
         return None;
@@ -250,20 +261,26 @@ fn fetch_locked(
         }
     }
     let ahead_len = batch.len() - n_demand;
+    let recv = |n| take_buf(&RECV, n);
+    let recv_back = |b| give_buf(&RECV, b);
     if req.mode == Mode::Hint {
         // A hint returns only once its read-ahead is installed too: one request for all the
         // pages (one reply, one wake-up) is all the thread can use.
-        let read = submit_phase(inner, reg, batch, IoClass::Demand, &RECV)?;
-        install_phase(inner, reg, req, batch, read, &RECV)?;
+        let read = submit_phase(inner, reg, batch, IoClass::Demand, recv)?;
+        install_phase(inner, reg, req, batch, read, recv_back)?;
     } else {
         // The faulting thread resumes as soon as its page is in, so the read-ahead goes as a
         // separate, lower-priority request. Both are sent before either is waited for: over
         // a network the read-ahead then costs no extra round trip.
         let (demand, ahead) = batch.split_at(n_demand);
-        let demand_read = submit_phase(inner, reg, demand, IoClass::Demand, &RECV)?;
-        let ahead_read = submit_phase(inner, reg, ahead, IoClass::Prefetch, &RECV_AHEAD)?;
-        install_phase(inner, reg, req, demand, demand_read, &RECV)?;
-        install_phase(inner, reg, req, ahead, ahead_read, &RECV_AHEAD)?;
+        let demand_read = submit_phase(inner, reg, demand, IoClass::Demand, recv)?;
+        let ahead_read = submit_phase(inner, reg, ahead, IoClass::Prefetch, |n| {
+            take_buf(&RECV_AHEAD, n)
+        })?;
+        install_phase(inner, reg, req, demand, demand_read, recv_back)?;
+        install_phase(inner, reg, req, ahead, ahead_read, |b| {
+            give_buf(&RECV_AHEAD, b)
+        })?;
     }
     add(&inner.stats.c.readahead_pages, ahead_len as u64);
     let vpns: Vec<usize> = batch.iter().map(|l| l.vpn).collect();
@@ -273,18 +290,19 @@ fn fetch_locked(
 }
 
 /// A backend read in flight for one class of pages.
-struct InFlight {
-    completion: Completion,
+pub(crate) struct InFlight {
+    pub completion: Completion,
     pages: usize,
 }
 
-/// Submit the backend read of the remote pages among `pages` (none if all are fresh).
-fn submit_phase(
+/// Submit the backend read of the remote pages among `pages` (none if all are fresh), into
+/// a buffer from `buf(pages)`.
+pub(crate) fn submit_phase(
     inner: &Inner,
     reg: &RegionInfo,
     pages: &[Locked],
     class: IoClass,
-    slot: &'static std::thread::LocalKey<RefCell<Option<PageBuf>>>,
+    buf: impl FnOnce(usize) -> PageBuf,
 ) -> Result<Option<InFlight>> {
     let mut keys = Vec::new();
     for l in pages {
@@ -307,21 +325,21 @@ fn submit_phase(
         return Ok(None);
     }
     let n = keys.len();
-    let buf = take_buf(slot, n);
     Ok(Some(InFlight {
-        completion: inner.backend.submit_read(class, keys, buf),
+        completion: inner.backend.submit_read(class, keys, buf(n)),
         pages: n,
     }))
 }
 
-/// Wait for a class's read (if any) and install its pages (ascending vpn order) run by run.
-fn install_phase(
+/// Wait for a class's read (if any) and install its pages (ascending vpn order) run by run;
+/// the receive buffer goes back through `recycle`.
+pub(crate) fn install_phase(
     inner: &Inner,
     reg: &RegionInfo,
     req: &Request,
     pages: &[Locked],
     read: Option<InFlight>,
-    slot: &'static std::thread::LocalKey<RefCell<Option<PageBuf>>>,
+    recycle: impl FnOnce(PageBuf),
 ) -> Result<()> {
     let received = match read {
         None => None,
@@ -421,7 +439,7 @@ fn install_phase(
         i = j;
     }
     if let Some(b) = received {
-        give_buf(slot, b);
+        recycle(b);
     }
     Ok(())
 }

@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 
 use crate::fetch::{self, Mode, Request};
 use crate::page_table::{fm_guard, ABSENT, NOWRITE};
+use crate::prefetch;
 use crate::runtime;
 use crate::stats::add;
 use crate::sys::mem::{PAGE_SHIFT, PAGE_SIZE};
@@ -109,5 +110,17 @@ pub fn hint_slow(addr: usize, len: usize, flags: u32, rdahead: i32, ev_prio: u8)
         Ok(o) if o.installed + o.unprotected > 0 => add(&inner.stats.c.hint_misses, 1),
         Ok(_) => add(&inner.stats.c.hint_hits, 1),
         Err(e) => crate::fatal(&format!("hint at {addr:#x} failed: {e}")),
+    }
+    if flags & FM_SEQ != 0 && rdahead > 0 {
+        // A declared sequential stream: keep its next windows in flight.
+        let window_end = (first_vpn + count + rdahead as usize).min(reg.end_vpn());
+        prefetch::pipeline(
+            &inner,
+            &reg,
+            first_vpn,
+            window_end,
+            rdahead as usize,
+            req.prio,
+        );
     }
 }

@@ -23,6 +23,7 @@ mod fetch;
 mod hint;
 pub mod page_table;
 pub mod policy;
+mod prefetch;
 pub mod protocol;
 mod reclaim;
 mod region;

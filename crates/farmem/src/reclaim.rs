@@ -307,6 +307,7 @@ pub(crate) fn control_thread(inner: Arc<Inner>) {
     let tick = Duration::from_micros(inner.cfg.steal_after_us.clamp(100, 10_000));
     let mut stealer = crate::fault::FaultServer::new();
     while !inner.shutdown.load(Ordering::Acquire) {
+        crate::prefetch::sweep(&inner, Duration::from_millis(50));
         let busy = inner.fault_busy_since.load(Ordering::Acquire);
         if busy != 0 && inner.now_ns().saturating_sub(busy) > steal_after {
             stealer.steal(&inner);

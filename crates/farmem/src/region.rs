@@ -91,6 +91,8 @@ pub(crate) fn map(inner: &Inner, id: u32, len: usize) -> Result<RegionInfo> {
 /// Tear a region down: forget its pages in the policy, wait for in-flight transitions,
 /// return its budget, unmap it and drop its far copies.
 pub(crate) fn unmap(inner: &Inner, info: &RegionInfo) {
+    // Read-ahead in flight holds some pages locked: finish it first.
+    crate::prefetch::complete_range(inner, info.first_vpn(), info.end_vpn());
     inner
         .policy
         .lock()

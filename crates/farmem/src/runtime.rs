@@ -50,6 +50,8 @@ pub(crate) struct Inner {
     /// and the current backoff (see `reclaim.rs`).
     pub far_full_until: AtomicU64,
     pub far_full_backoff: AtomicU64,
+    /// Read-ahead batches in flight (see `prefetch.rs`).
+    pub inflight: crate::prefetch::InFlightSet,
 }
 
 impl Inner {
@@ -194,6 +196,7 @@ impl Runtime {
             next_region: AtomicU32::new(1),
             far_full_until: AtomicU64::new(0),
             far_full_backoff: AtomicU64::new(0),
+            inflight: Default::default(),
         });
         let mut threads = Vec::new();
         for i in 0..inner.cfg.fault_threads {

@@ -25,6 +25,9 @@ enum Cmd {
     /// (internal) One tenant's load process for `farmem bench server`.
     #[command(hide = true)]
     Load(server::LoadArgs),
+    /// (internal) The plain-array scan run under Linux swap.
+    #[command(hide = true)]
+    NativeScan(scan::NativeArgs),
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -32,6 +35,7 @@ pub fn run(a: Args) -> Result<()> {
         None => scan::run(a.scan),
         Some(Cmd::Server(s)) => server::run(s),
         Some(Cmd::Load(l)) => server::load(l),
+        Some(Cmd::NativeScan(n)) => scan::native_scan(n),
     }
 }
 

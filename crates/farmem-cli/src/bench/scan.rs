@@ -13,9 +13,10 @@ use farmem::{BackendSpec, Config, Runtime, PAGE_SIZE};
 
 use super::median;
 use super::spawn::LocalServer;
+use crate::swap_baseline::{SwapBaseline, SwapKind};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum Pattern {
+pub enum Pattern {
     Seq,
     Rand,
 }
@@ -28,6 +29,27 @@ enum Mode {
     Hint,
     /// `hint_ex(p, 8, FM_SEQ, 63, 0)` before each page.
     HintRa63,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SwapChoice {
+    Zram,
+    File,
+}
+
+/// Memory the scanning process needs besides the data (binary, page orders, stacks): added to
+/// the cgroup limit so that the data gets the same share of local memory as under farmem.
+const PROCESS_ALLOWANCE: u64 = 8 << 20;
+
+/// The child process of a Linux-swap measurement: scan a plain array, print the rates.
+#[derive(clap::Args)]
+pub struct NativeArgs {
+    #[arg(long)]
+    size: String,
+    #[arg(long, value_delimiter = ',', value_enum)]
+    patterns: Vec<Pattern>,
+    #[arg(long)]
+    repeat: usize,
 }
 
 #[derive(clap::Args)]
@@ -60,6 +82,12 @@ pub struct Args {
     /// Also write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Also measure Linux swap, the baseline a user would otherwise pick: the same scan of a
+    /// plain array, unmodified, in a memory cgroup limited to the local size (plus 8 MiB for
+    /// the process itself), swapping to zram or to a swap file (set up and removed here;
+    /// needs root).
+    #[arg(long, value_delimiter = ',', value_enum)]
+    swap: Vec<SwapChoice>,
     /// Skip the hint fast-path measurement (needs cc; valgrind for instruction counts).
     #[arg(long)]
     no_hint_cost: bool,
@@ -267,20 +295,15 @@ pub fn run(a: Args) -> Result<()> {
         "{:>9} {:>6} {:>5} {:>10} {:>12} {:>8} {:>10} {:>10}",
         "backend", "local", "scan", "mode", "pages/s", "ratio", "faults", "fetched"
     );
-    for r in &rows {
-        println!(
-            "{:>9} {:>5}% {:>5} {:>10} {:>12.0} {:>8.3} {:>10} {:>10}",
-            r.backend,
-            r.local_pct,
-            format!("{:?}", r.pattern).to_lowercase(),
-            r.mode.map(mode_name).unwrap_or("native"),
-            r.pages_per_s,
-            r.ratio,
-            r.faults,
-            r.fetched
-        );
-    }
+    print_rows(&rows);
     drop(server);
+    for &kind in &a.swap {
+        for &pct in &a.local {
+            let swapped = swap_rows(&a, kind, size, pct, &native_of)?;
+            print_rows(&swapped);
+            rows.extend(swapped);
+        }
+    }
 
     let hint_cost = if a.no_hint_cost {
         None
@@ -317,7 +340,7 @@ pub fn run(a: Args) -> Result<()> {
                 "backend": r.backend,
                 "local_pct": r.local_pct,
                 "pattern": format!("{:?}", r.pattern).to_lowercase(),
-                "mode": r.mode.map(mode_name),
+                "mode": r.mode.map(mode_name).unwrap_or("native"),
                 "pages_per_s": r.pages_per_s,
                 "ratio_to_native": r.ratio,
                 "unhinted_faults": r.faults,
@@ -332,6 +355,122 @@ pub fn run(a: Args) -> Result<()> {
     }
     // SAFETY: the native array is no longer used.
     unsafe { farmem::sys::mem::unmap(native, size) };
+    Ok(())
+}
+
+fn print_rows(rows: &[Row]) {
+    for r in rows {
+        println!(
+            "{:>9} {:>5}% {:>5} {:>10} {:>12.0} {:>8.3} {:>10} {:>10}",
+            r.backend,
+            r.local_pct,
+            format!("{:?}", r.pattern).to_lowercase(),
+            r.mode.map(mode_name).unwrap_or("native"),
+            r.pages_per_s,
+            r.ratio,
+            r.faults,
+            r.fetched
+        );
+    }
+}
+
+/// Scan a plain array in a child process under Linux swap (zram or a file).
+fn swap_rows(
+    a: &Args,
+    kind: SwapChoice,
+    size: usize,
+    pct: f64,
+    native_of: &dyn Fn(Pattern) -> f64,
+) -> Result<Vec<Row>> {
+    let limit = (size as f64 * pct / 100.0) as u64 + PROCESS_ALLOWANCE;
+    let (swap_kind, name) = match kind {
+        SwapChoice::Zram => (SwapKind::Zram, "swap-zram"),
+        SwapChoice::File => (
+            SwapKind::File(std::path::PathBuf::from(format!(
+                "/var/tmp/farmem-bench-swap-{}",
+                std::process::id()
+            ))),
+            "swap-file",
+        ),
+    };
+    eprint!("\rlocal {pct}% {name}: setting up Linux swap ...                    ");
+    let base = SwapBaseline::setup(swap_kind, 2 * size as u64 + (64 << 20), limit)?;
+    eprint!("\rlocal {pct}% {name}: {} ...", base.describe());
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args(["bench", "native-scan", "--size", &a.size, "--repeat"])
+        .arg(a.repeat.to_string())
+        .arg("--patterns")
+        .arg(
+            a.patterns
+                .iter()
+                .map(|p| format!("{p:?}").to_lowercase())
+                .collect::<Vec<_>>()
+                .join(","),
+        );
+    let out = base.run(cmd)?;
+    let stats = base.stats();
+    base.close()?;
+    eprintln!("\r{:100}", "");
+    if !out.status.success() {
+        bail!(
+            "the scan under {name} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("output of the scan under {name}"))?;
+    let swapped_in = stats.pages_swapped_in.unwrap_or(0);
+    let mut rows = Vec::new();
+    for &pat in &a.patterns {
+        let key = format!("{pat:?}").to_lowercase();
+        let runs: Vec<f64> = j[&key]
+            .as_array()
+            .context("rates in the scan output")?
+            .iter()
+            .filter_map(|v| v.as_f64())
+            .collect();
+        let m = median(runs);
+        rows.push(Row {
+            backend: name.into(),
+            local_pct: pct,
+            pattern: pat,
+            mode: None,
+            pages_per_s: m,
+            ratio: m / native_of(pat),
+            faults: 0,
+            fetched: swapped_in / (a.repeat * a.patterns.len()) as u64,
+        });
+    }
+    Ok(rows)
+}
+
+/// The body of the child process: fill a plain array, scan it, print `{"seq": [rates...]}`.
+pub fn native_scan(a: NativeArgs) -> Result<()> {
+    let size = parse_size(&a.size)? as usize;
+    let npages = size / PAGE_SIZE;
+    let native = farmem::sys::mem::map_anon(size, libc::PROT_READ | libc::PROT_WRITE)?;
+    for p in 0..npages {
+        // SAFETY: p < npages, inside the mapping.
+        unsafe { (native.add(p * PAGE_SIZE) as *mut u64).write(value(p)) };
+    }
+    let expect = (0..npages).fold(0u64, |s, p| s.wrapping_add(value(p)));
+    let seq: Vec<u32> = (0..npages as u32).collect();
+    let rand = permutation(npages, 0x1234_5678);
+    let mut out = serde_json::Map::new();
+    for &pat in &a.patterns {
+        let order = if pat == Pattern::Seq { &seq } else { &rand };
+        let mut runs = Vec::new();
+        for _ in 0..a.repeat {
+            let (r, s) = scan(native, order, None);
+            if s != expect {
+                bail!("checksum mismatch scanning under Linux swap");
+            }
+            runs.push(serde_json::Value::from(r));
+        }
+        out.insert(format!("{pat:?}").to_lowercase(), runs.into());
+    }
+    println!("{}", serde_json::Value::Object(out));
     Ok(())
 }
 

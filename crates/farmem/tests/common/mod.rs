@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod churn;
+pub mod scans;
 
 use farmem::{Config, Region, Runtime, PAGE_SIZE};
 

@@ -1,0 +1,75 @@
+//! Read-ahead in flight (sequential hints keep windows fetched asynchronously ahead): under
+//! heavy eviction, with scanners whose windows overlap and unhinted readers touching pages
+//! whose window is still in flight, every page reads back right; windows nobody comes back
+//! for are completed by the control thread; a region dropped with windows in flight goes
+//! cleanly and returns its budget.
+
+mod common;
+
+use std::time::Duration;
+
+use common::scans::{overlapping_scans, BUDGET, PAGES};
+use common::*;
+use farmem::{Config, Runtime, FM_SEQ, PAGE_SIZE};
+
+fn rt() -> Runtime {
+    Runtime::new(Config {
+        local_mem: BUDGET,
+        hint_pipeline: 3,
+        ..Config::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn overlapping_scans_and_faults_on_windows_in_flight() {
+    overlapping_scans(rt());
+}
+
+#[test]
+fn abandoned_windows_are_completed_and_dropping_a_region_mid_scan_is_clean() {
+    let rt = rt();
+    let r = rt.create_region(PAGES * PAGE_SIZE).unwrap();
+    for p in 0..PAGES {
+        wr_at(&r, p * PAGE_SIZE, pattern(9, p, 0));
+    }
+    // Scan a stretch, then stop: the windows ahead are left in flight.
+    let end = PAGES / 2;
+    for p in 0..end {
+        farmem::hint_ex(at(&r, p * PAGE_SIZE), 8, FM_SEQ, 63, 0);
+        assert_eq!(rd_at(&r, p * PAGE_SIZE), pattern(9, p, 0));
+    }
+    let before = rt.stats();
+    assert!(before.prefetch_batches > 0, "{before}");
+    // Nobody comes back: the control thread installs them.
+    let mut swept = before.prefetch_swept;
+    for _ in 0..500 {
+        swept = rt.stats().prefetch_swept;
+        if swept > before.prefetch_swept {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        swept > before.prefetch_swept,
+        "abandoned windows were completed"
+    );
+    // The pages just past the scan were read ahead and are now resident.
+    settle(&r, end..end + 8);
+    assert!(r.is_resident(end * PAGE_SIZE), "page {end} was read ahead");
+    assert_eq!(rd_at(&r, end * PAGE_SIZE), pattern(9, end, 0));
+    // Start another scan and drop the region while its windows are in flight.
+    for p in 0..4 * 64 {
+        farmem::hint_ex(at(&r, p * PAGE_SIZE), 8, FM_SEQ, 63, 0);
+    }
+    drop(r);
+    let mut resident = rt.stats().resident_pages;
+    for _ in 0..500 {
+        if resident == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+        resident = rt.stats().resident_pages;
+    }
+    assert_eq!(resident, 0, "every page's budget came back: {}", rt.stats());
+}
