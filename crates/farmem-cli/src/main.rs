@@ -3,7 +3,6 @@
 mod bench;
 mod demo;
 mod server;
-mod swap_baseline;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

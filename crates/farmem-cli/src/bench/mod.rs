@@ -4,6 +4,7 @@
 mod scan;
 mod server;
 mod spawn;
+mod swap;
 
 use anyhow::Result;
 use clap::Subcommand;

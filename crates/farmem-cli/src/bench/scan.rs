@@ -13,7 +13,7 @@ use farmem::{BackendSpec, Config, Runtime, PAGE_SIZE};
 
 use super::median;
 use super::spawn::LocalServer;
-use crate::swap_baseline::{SwapBaseline, SwapKind};
+use super::swap::{SwapBaseline, SwapKind};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Pattern {
@@ -129,6 +129,8 @@ fn scan(base: *const u8, order: &[u32], mode: Option<Mode>) -> (f64, u64) {
 
 struct Row {
     backend: String,
+    /// What Linux swap did during the run (swap rows only).
+    swap: Option<serde_json::Value>,
     local_pct: f64,
     pattern: Pattern,
     mode: Option<Mode>,
@@ -268,6 +270,7 @@ pub fn run(a: Args) -> Result<()> {
                     let m = median(runs[i].clone());
                     rows.push(Row {
                         backend: name.clone(),
+                        swap: None,
                         local_pct: pct,
                         pattern: pat,
                         mode: Some(mode),
@@ -345,6 +348,7 @@ pub fn run(a: Args) -> Result<()> {
                 "ratio_to_native": r.ratio,
                 "unhinted_faults": r.faults,
                 "pages_fetched": r.fetched,
+                "linux_swap": r.swap,
             })).collect::<Vec<_>>(),
             "hint_fast_path": hint_cost.map(|h| serde_json::json!({
                 "ns_per_iteration_with_hint": h.ns_with,
@@ -420,6 +424,12 @@ fn swap_rows(
     }
     let j: serde_json::Value = serde_json::from_slice(&out.stdout)
         .with_context(|| format!("output of the scan under {name}"))?;
+    if !stats.swapped_out() {
+        eprintln!(
+            "warning: nothing was swapped out under {name} at {pct}% local: the limit did not \
+             bind, and this row measures plain memory"
+        );
+    }
     let swapped_in = stats.pages_swapped_in.unwrap_or(0);
     let mut rows = Vec::new();
     for &pat in &a.patterns {
@@ -433,6 +443,7 @@ fn swap_rows(
         let m = median(runs);
         rows.push(Row {
             backend: name.into(),
+            swap: Some(stats.to_json()),
             local_pct: pct,
             pattern: pat,
             mode: None,

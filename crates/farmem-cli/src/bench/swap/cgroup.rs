@@ -1,0 +1,326 @@
+//! The memory cgroup: where it goes (v1 or v2, under this process's own), its limits,
+//! entering it and removing it.
+
+use super::*;
+
+/// Where the baseline's cgroup goes.
+pub(super) struct CgroupPlan {
+    pub(super) version: CgVersion,
+    /// The directory the cgroup is created in: v1, the memory cgroup of this process (so its
+    /// own limits still apply); v2, the nearest ancestor with the memory controller enabled
+    /// for its children.
+    pub(super) parent: PathBuf,
+    /// v2: the root in which `+memory` must be written to `cgroup.subtree_control` first.
+    pub(super) enable_memory_in: Option<PathBuf>,
+}
+
+/// One line of `/proc/self/mountinfo`.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Mount {
+    pub(super) root: String,
+    pub(super) point: PathBuf,
+    pub(super) fstype: String,
+    pub(super) super_opts: String,
+}
+
+pub(super) fn parse_mountinfo(s: &str) -> Vec<Mount> {
+    s.lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let lf: Vec<&str> = left.split(' ').collect();
+            let rf: Vec<&str> = right.split(' ').collect();
+            Some(Mount {
+                root: unescape_octal(lf.get(3)?),
+                point: PathBuf::from(unescape_octal(lf.get(4)?)),
+                fstype: rf.first()?.to_string(),
+                super_opts: rf.get(2).unwrap_or(&"").to_string(),
+            })
+        })
+        .collect()
+}
+
+/// This process's cgroup path: in the v1 hierarchy holding `controller`, or (None) in v2.
+pub(super) fn own_cgroup(proc_cgroup: &str, controller: Option<&str>) -> Option<String> {
+    proc_cgroup.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (id, ctrls, path) = (f.next()?, f.next()?, f.next()?);
+        let hit = match controller {
+            Some(c) => ctrls.split(',').any(|x| x == c),
+            None => id == "0" && ctrls.is_empty(),
+        };
+        hit.then(|| path.to_string())
+    })
+}
+
+/// The directory of cgroup `path` under mount `m`, or None when the mount does not show it.
+pub(super) fn cgroup_dir_in(m: &Mount, path: &str) -> Option<PathBuf> {
+    let rel = if m.root == "/" {
+        path
+    } else {
+        let rest = path.strip_prefix(m.root.as_str())?;
+        if !(rest.is_empty() || rest.starts_with('/')) {
+            return None;
+        }
+        rest
+    };
+    let dir = m.point.join(rel.trim_start_matches('/'));
+    dir.is_dir().then_some(dir)
+}
+
+pub(super) fn detect_cgroup() -> Result<CgroupPlan> {
+    let mounts = parse_mountinfo(
+        &fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?,
+    );
+    let own = fs::read_to_string("/proc/self/cgroup").context("reading /proc/self/cgroup")?;
+    if let Some(m) = mounts
+        .iter()
+        .find(|m| m.fstype == "cgroup" && m.super_opts.split(',').any(|o| o == "memory"))
+    {
+        let parent = own_cgroup(&own, Some("memory"))
+            .and_then(|p| cgroup_dir_in(m, &p))
+            .unwrap_or_else(|| m.point.clone());
+        return Ok(CgroupPlan {
+            version: CgVersion::V1,
+            parent,
+            enable_memory_in: None,
+        });
+    }
+    let has_memory = |dir: &Path, file: &str| {
+        fs::read_to_string(dir.join(file))
+            .is_ok_and(|s| s.split_whitespace().any(|c| c == "memory"))
+    };
+    if let Some(m) = mounts
+        .iter()
+        .find(|m| m.fstype == "cgroup2" && has_memory(&m.point, "cgroup.controllers"))
+    {
+        let own_dir = own_cgroup(&own, None)
+            .and_then(|p| cgroup_dir_in(m, &p))
+            .unwrap_or_else(|| m.point.clone());
+        // A non-root cgroup with processes cannot hand controllers to children, so the
+        // cgroup goes under the nearest ancestor that already does (or the root).
+        let mut dir = if own_dir == m.point {
+            Some(own_dir.as_path())
+        } else {
+            own_dir.parent()
+        };
+        while let Some(d) = dir {
+            if has_memory(d, "cgroup.subtree_control") {
+                return Ok(CgroupPlan {
+                    version: CgVersion::V2,
+                    parent: d.to_path_buf(),
+                    enable_memory_in: None,
+                });
+            }
+            if d == m.point {
+                break;
+            }
+            dir = d.parent();
+        }
+        return Ok(CgroupPlan {
+            version: CgVersion::V2,
+            parent: m.point.clone(),
+            enable_memory_in: Some(m.point.clone()),
+        });
+    }
+    bail!(
+        "memory cgroup controller not found at /sys/fs/cgroup/memory (cgroup v1) nor in a cgroup \
+         v2 hierarchy (/sys/fs/cgroup/cgroup.controllers); Linux swap baselines need cgroup v1 \
+         memory or cgroup v2 with the memory controller (mount -t cgroup -o memory none \
+         /sys/fs/cgroup/memory, or boot with cgroup_enable=memory)"
+    )
+}
+
+/// Creates `farmem-bench-<pid>-<n>` in the plan's parent with the limits of the baseline.
+pub(super) fn create_cgroup(
+    ch: &mut Changes,
+    plan: &CgroupPlan,
+    mem_limit: u64,
+    swap_bytes: u64,
+) -> Result<PathBuf> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    sweep_stale_cgroups(&plan.parent);
+    if let Some(root) = &plan.enable_memory_in {
+        write_sys(&root.join("cgroup.subtree_control"), "+memory").with_context(|| {
+            format!(
+                "enabling the memory controller for the children of {} (move the processes \
+                 out of that cgroup, or enable it by hand)",
+                root.display()
+            )
+        })?;
+        ch.v2_memory_enabled_in = Some(root.clone());
+    }
+    let pid = std::process::id();
+    let dir = loop {
+        let d = plan.parent.join(format!(
+            "{CGROUP_PREFIX}{pid}-{}",
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        match fs::create_dir(&d) {
+            Ok(()) => break d,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("creating the memory cgroup {} (needs root)", d.display())
+                })
+            }
+        }
+    };
+    ch.cgroup = Some(dir.clone());
+    let limit = mem_limit.to_string();
+    match plan.version {
+        CgVersion::V1 => {
+            write_sys(&dir.join("memory.limit_in_bytes"), &limit)?;
+            // Unlimited RAM + swap, so the limit pushes pages to swap instead of OOM.
+            let memsw = dir.join("memory.memsw.limit_in_bytes");
+            if memsw.exists() {
+                write_sys(&memsw, "-1")?;
+            }
+            check_v1_ancestors(&plan.parent, mem_limit, swap_bytes);
+        }
+        CgVersion::V2 => {
+            write_sys(&dir.join("memory.max"), &limit)?;
+            for (f, v) in [("memory.swap.max", "max"), ("memory.zswap.max", "0")] {
+                let p = dir.join(f);
+                if p.exists() {
+                    write_sys(&p, v)?;
+                }
+            }
+        }
+    }
+    Ok(dir)
+}
+
+/// Warns when a v1 ancestor's limits are tighter than the baseline's.
+pub(super) fn check_v1_ancestors(parent: &Path, mem_limit: u64, swap_bytes: u64) {
+    let mut dir = Some(parent);
+    while let Some(d) = dir {
+        let Some(l) = read_u64(&d.join("memory.limit_in_bytes")) else {
+            break;
+        };
+        if l < mem_limit {
+            tracing::warn!(
+                "{} limits memory to {}, below the baseline's {}",
+                d.display(),
+                human(l),
+                human(mem_limit)
+            );
+        }
+        if let Some(sw) = read_u64(&d.join("memory.memsw.limit_in_bytes")) {
+            if sw < mem_limit.saturating_add(swap_bytes) {
+                tracing::warn!(
+                    "{} limits memory + swap to {}: the baseline may not be able to swap all \
+                     it needs",
+                    d.display(),
+                    human(sw)
+                );
+            }
+        }
+        dir = d.parent();
+    }
+}
+
+/// Removes empty `farmem-bench-<pid>-*` cgroups left by processes that no longer exist.
+pub(super) fn sweep_stale_cgroups(parent: &Path) {
+    let Ok(rd) = fs::read_dir(parent) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(CGROUP_PREFIX)
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let dir = e.path();
+        match read_pids(&dir) {
+            Ok(p) if p.is_empty() => match fs::remove_dir(&dir) {
+                Ok(()) => tracing::warn!("removed the stale cgroup {}", dir.display()),
+                Err(err) => tracing::warn!("stale cgroup {}: {err}", dir.display()),
+            },
+            _ => tracing::warn!("stale cgroup {} still has tasks; left alone", dir.display()),
+        }
+    }
+}
+
+pub(super) fn read_pids(dir: &Path) -> io::Result<Vec<libc::pid_t>> {
+    Ok(fs::read_to_string(dir.join("cgroup.procs"))?
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect())
+}
+
+/// Kills what is left in the cgroup, waits for it to empty and removes it.
+pub(super) fn remove_cgroup(dir: &Path, version: CgVersion) -> Result<()> {
+    if !dir.exists() {
+        return Ok(());
+    }
+    let kill_file = dir.join("cgroup.kill");
+    if version == CgVersion::V2 && kill_file.exists() {
+        let _ = write_sys(&kill_file, "1");
+    }
+    let deadline = Instant::now() + TEARDOWN_PATIENCE;
+    loop {
+        let pids = match read_pids(dir) {
+            Ok(p) => p,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => {
+                return Err(e).with_context(|| format!("listing the tasks of {}", dir.display()))
+            }
+        };
+        if pids.is_empty() {
+            match fs::remove_dir(dir) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+                Err(e) if Instant::now() < deadline => {
+                    tracing::debug!("rmdir {}: {e}; retrying", dir.display());
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| format!("removing the cgroup {}", dir.display()))
+                }
+            }
+        } else {
+            if Instant::now() >= deadline {
+                bail!(
+                    "tasks {pids:?} of {} did not exit within {:?} of SIGKILL; rmdir it once \
+                     they are gone",
+                    dir.display(),
+                    TEARDOWN_PATIENCE
+                );
+            }
+            for pid in pids {
+                // SAFETY: kill has no memory-safety preconditions; pid was just read from the
+                // cgroup, which only holds processes we started.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Moves the calling process into the cgroup whose `cgroup.procs` is `procs` ("0" means the
+/// writer). Runs between fork and exec: async-signal-safe calls only, no allocation.
+pub(super) fn enter_cgroup(procs: &CStr) -> io::Result<()> {
+    // SAFETY: procs is a valid NUL-terminated path.
+    let fd = unsafe { libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is open and the buffer is one valid byte.
+    let n = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
+    let err = (n != 1).then(io::Error::last_os_error);
+    // SAFETY: fd is open and closed exactly once.
+    unsafe { libc::close(fd) };
+    err.map_or(Ok(()), Err)
+}
+
+/// v2: opens a peak file and resets it for this descriptor (kernel 6.12+).
+pub(super) fn open_reset_peak(path: &Path) -> Option<File> {
+    let mut f = OpenOptions::new().read(true).write(true).open(path).ok()?;
+    f.write_all(b"reset\n").ok()?;
+    Some(f)
+}
