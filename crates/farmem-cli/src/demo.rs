@@ -1,4 +1,5 @@
-//! `farmem demo`: the main job in miniature, on the embedded backend, checking its own result.
+//! `farmem demo`: the main job in miniature (on the embedded backend unless told otherwise),
+//! checking its own result.
 
 use std::time::Instant;
 
@@ -14,7 +15,8 @@ pub struct Args {
     /// Local memory budget: bytes (256M) or percent of the data set (25%).
     #[arg(long, default_value = "25%")]
     local_mem: String,
-    /// Far-memory backend: local:// or local+lz4://.
+    /// Far-memory backend: local://, local+lz4:// or tcp://[TENANT@]HOST:PORT (a farmem
+    /// server; its secret in FARMEM_TOKEN or FARMEM_TOKEN_FILE).
     #[arg(long, default_value = "local://")]
     backend: String,
 }

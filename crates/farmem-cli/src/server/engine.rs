@@ -442,16 +442,15 @@ impl Engine {
         r
     }
 
+    /// Decode a frame whose kind the connection admitted for its state (see
+    /// `Conn::admissible`); a malformed body closes the connection.
+    fn decode<'a>(h: &Header, body: &'a [u8]) -> Result<Frame<'a>, Close> {
+        p::decode(h, body).map_err(|e| Close::BadInput(e.to_string()))
+    }
+
     fn on_hello(&mut self, id: u64, h: &Header, body: &[u8]) -> Result<(), Close> {
-        if h.kind != Kind::Hello {
-            return Err(Close::BadInput(format!(
-                "{:?} frame before the handshake",
-                h.kind
-            )));
-        }
-        let Frame::Hello(hello) = p::decode(h, body).map_err(|e| Close::BadInput(e.to_string()))?
-        else {
-            unreachable!("a Hello header decodes to a Hello")
+        let Frame::Hello(hello) = Self::decode(h, body)? else {
+            unreachable!("only a Hello is admitted before the handshake")
         };
         let version = hello.max_version.min(p::VERSION_MAX);
         if version < hello.min_version.max(p::VERSION_MIN) {
@@ -488,15 +487,8 @@ impl Engine {
     }
 
     fn on_auth(&mut self, id: u64, h: &Header, body: &[u8]) -> Result<(), Close> {
-        if h.kind != Kind::Auth {
-            return Err(Close::BadInput(format!(
-                "{:?} frame during the handshake",
-                h.kind
-            )));
-        }
-        let Frame::Auth(auth) = p::decode(h, body).map_err(|e| Close::BadInput(e.to_string()))?
-        else {
-            unreachable!("an Auth header decodes to an Auth")
+        let Frame::Auth(auth) = Self::decode(h, body)? else {
+            unreachable!("only an Auth is admitted after the Hello")
         };
         let c = self.conns.get(&id).expect("live connection");
         let State::Auth {
@@ -689,13 +681,7 @@ impl Engine {
         h: Header,
         body: Body,
     ) -> Result<(), Close> {
-        if !h.kind.is_request() {
-            self.release(id, body);
-            return Err(Close::BadInput(format!(
-                "{:?} frame after the handshake",
-                h.kind
-            )));
-        }
+        debug_assert!(h.kind.is_request(), "admitted by the connection");
         let pages = match p::decode(&h, body.bytes()) {
             Ok(Frame::Read(r)) => r.len(),
             Ok(Frame::Write(w)) => w.len(),
