@@ -6,7 +6,7 @@ mod support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use farmem::backend::tcp::TcpBackend;
@@ -113,32 +113,36 @@ fn read_req(id: u64) -> Vec<u8> {
 
 #[test]
 fn bad_frames_close_only_their_connection_while_others_are_served() {
-    let mut server = Server::shared(SECRET);
+    // A long frame timeout: the stalled frames below must be survived by the per-tenant
+    // budget, not by disconnecting them.
+    let mut server = Server::start(
+        &format!("{SECRET}\n"),
+        &["--metrics", "127.0.0.1:0", "--frame-timeout", "600"],
+    );
     let rss_before = server.rss_kib();
     let addr = server.addr.clone();
     let done = AtomicBool::new(false);
+    let rounds = AtomicU64::new(0);
     std::thread::scope(|s| {
         // A well-behaved program, working through the attack: 8 MiB through 1 MiB local.
         let good = s.spawn(|| {
             let rt = server.runtime("good", SECRET, 1 << 20);
             let pages = 2048;
             let r = rt.create_region(pages * PAGE_SIZE).unwrap();
-            let mut rounds = 0u64;
-            while !done.load(Ordering::Relaxed) || rounds < 2 {
+            while !done.load(Ordering::Relaxed) || rounds.load(Ordering::Relaxed) < 2 {
+                let round = rounds.load(Ordering::Relaxed);
                 for p in 0..pages {
+                    let q = r.as_mut_ptr().wrapping_add(p * PAGE_SIZE) as *mut u64;
                     // SAFETY: inside the region.
-                    unsafe {
-                        (r.as_mut_ptr().add(p * PAGE_SIZE) as *mut u64).write(p as u64 ^ rounds)
-                    };
+                    unsafe { q.write(p as u64 ^ round) };
                 }
                 for p in 0..pages {
                     // SAFETY: inside the region.
                     let v = unsafe { (r.as_ptr().add(p * PAGE_SIZE) as *const u64).read() };
-                    assert_eq!(v, p as u64 ^ rounds, "good client, page {p}");
+                    assert_eq!(v, p as u64 ^ round, "good client, page {p}");
                 }
-                rounds += 1;
+                rounds.fetch_add(1, Ordering::Relaxed);
             }
-            rounds
         });
         let _stop = StopFlag(&done);
         let mut closed = 0;
@@ -230,7 +234,29 @@ fn bad_frames_close_only_their_connection_while_others_are_served() {
             r.send(&[16, 0, 0]);
             stalled.push(r);
         }
-        std::thread::sleep(Duration::from_millis(200));
+        // One tenant stalls large frames on many connections: more than the whole server's
+        // budget for requests in flight, had it no share per tenant. The other tenant's
+        // program keeps going meanwhile.
+        // Largest frames first, then smaller ones to fill what is left.
+        let small = 4 + 64 * (p::WRITE_KEY_LEN + PAGE_SIZE);
+        for i in 0..185 {
+            let mut r = Raw::authenticated(&addr, "hog", SECRET);
+            let len = if i < 125 {
+                Kind::Write.max_body()
+            } else {
+                small
+            };
+            let mut h = Vec::new();
+            Header::new(Kind::Write, IoClass::WriteBack, 1, len).encode(&mut h);
+            r.send(&h);
+            r.send(&vec![3u8; 100 << 10]);
+            stalled.push(r);
+        }
+        let r0 = rounds.load(Ordering::Relaxed);
+        wait_for(
+            "the good program to progress while frames are stalled",
+            || rounds.load(Ordering::Relaxed) >= r0 + 2,
+        );
         drop(stalled);
         // The server refuses a page whose checksum does not match, keeping the connection.
         let mut r = Raw::authenticated(&addr, "checksums", SECRET);
@@ -264,8 +290,7 @@ fn bad_frames_close_only_their_connection_while_others_are_served() {
         );
         done.store(true, Ordering::Relaxed);
         assert_eq!(closed, 26, "20 garbage + 6 protocol violations");
-        let rounds = good.join().unwrap();
-        assert!(rounds >= 2);
+        good.join().unwrap();
     });
     assert!(server.alive(), "the server survived: {}", server.log());
     let bad = server.metric("farmem_server_bad_input_total");
@@ -284,6 +309,31 @@ fn bad_frames_close_only_their_connection_while_others_are_served() {
         rss < rss_before + 200 * 1024,
         "server memory grew from {rss_before} to {rss} KiB"
     );
+}
+
+#[test]
+fn a_client_stalled_mid_frame_is_disconnected_and_an_idle_one_is_not() {
+    let server = Server::start(&format!("{SECRET}\n"), &["--frame-timeout", "1"]);
+    let mut idle = Raw::authenticated(&server.addr, "idle", SECRET);
+    let mut stalled = Raw::authenticated(&server.addr, "stalled", SECRET);
+    let mut h = Vec::new();
+    Header::new(Kind::Write, IoClass::WriteBack, 1, Kind::Write.max_body()).encode(&mut h);
+    stalled.send(&h);
+    stalled.send(&[1u8; 1000]);
+    assert!(
+        stalled.closed_by_server(),
+        "the stalled client is disconnected"
+    );
+    // Between frames, silence is fine.
+    std::thread::sleep(Duration::from_millis(2500));
+    let mut stats = Vec::new();
+    p::encode_empty(&mut stats, Kind::Stats, 1);
+    idle.send(&stats);
+    let (h, _) = idle.frame().expect("the idle client is still served");
+    assert_eq!(h.kind, Kind::StatsOk);
+    wait_for("the stall in the log", || {
+        server.log().contains("middle of a frame")
+    });
 }
 
 struct StopFlag<'a>(&'a AtomicBool);

@@ -117,6 +117,8 @@ pub struct Conn {
     pub paused: bool,
     /// Frame bodies allocated since the engine last looked (it adds them to `held`).
     pub allocated: usize,
+    /// When bytes last arrived.
+    last_read: Instant,
 }
 
 impl Conn {
@@ -137,7 +139,23 @@ impl Conn {
             inflight: HashSet::new(),
             paused: false,
             allocated: 0,
+            last_read: Instant::now(),
         }
+    }
+
+    /// The tenant, once authenticated.
+    pub fn tenant(&self) -> Option<usize> {
+        match self.state {
+            State::Ready { tenant, .. } => Some(tenant),
+            _ => None,
+        }
+    }
+
+    /// Part of a frame arrived and nothing more for `limit` (a client that holds server
+    /// memory with frames it never finishes).
+    pub fn stalled_mid_frame(&self, now: Instant, limit: std::time::Duration) -> bool {
+        (self.big.is_some() || self.rend > self.rstart)
+            && now.duration_since(self.last_read) > limit
     }
 
     /// Whether a frame of this kind may come now. Checked on the header, so that a client
@@ -169,7 +187,10 @@ impl Conn {
                 }
                 match self.sock.read(&mut body.buf[filled..body.len]) {
                     Ok(0) => return Ok(Next::Eof),
-                    Ok(n) => self.big = Some((h, body, filled + n)),
+                    Ok(n) => {
+                        self.last_read = Instant::now();
+                        self.big = Some((h, body, filled + n));
+                    }
                     Err(e) => {
                         self.big = Some((h, body, filled));
                         match e.kind() {
@@ -219,7 +240,10 @@ impl Conn {
             }
             match self.sock.read(&mut self.rbuf[self.rend..]) {
                 Ok(0) => return Ok(Next::Eof),
-                Ok(n) => self.rend += n,
+                Ok(n) => {
+                    self.last_read = Instant::now();
+                    self.rend += n;
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Next::Drained),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(ConnError::Io(e)),

@@ -48,8 +48,10 @@ pub struct Config {
     pub max_conns: usize,
     /// Pages of requests and replies one connection may have in flight.
     pub window_pages: u32,
-    /// Bytes all connections together may hold before reading pauses.
+    /// Bytes all connections together may hold before reading pauses (a tenant: a quarter).
     pub global_limit: usize,
+    /// A connection that stops in the middle of a frame this long is closed.
+    pub frame_timeout: Duration,
     /// Keep polling without sleeping this long after the last request.
     pub spin: Duration,
     /// Most pages served per second (a link's capacity); `None`: as fast as possible.
@@ -134,6 +136,47 @@ enum Close {
     Timeout,
 }
 
+/// Bytes held for queued requests, the replies they announce, and unsent output: per
+/// connection (`Conn::held`), per tenant (the sum over its authenticated connections) and in
+/// total. Reading a connection pauses when any of the three is at its limit, so a tenant that
+/// stalls large frames can exhaust only its own share.
+#[derive(Default)]
+struct Holdings {
+    total: usize,
+    tenants: Vec<usize>,
+}
+
+impl Holdings {
+    fn add(&mut self, c: &mut Conn, n: usize) {
+        c.held += n;
+        self.total += n;
+        if let Some(t) = c.tenant() {
+            self.tenants[t] += n;
+        }
+    }
+
+    fn sub(&mut self, c: &mut Conn, n: usize) {
+        c.held -= n;
+        self.total -= n;
+        if let Some(t) = c.tenant() {
+            self.tenants[t] -= n;
+        }
+    }
+
+    /// A connection became its tenant's: what it holds now counts for the tenant too.
+    fn attribute(&mut self, c: &Conn) {
+        if let Some(t) = c.tenant() {
+            self.tenants[t] += c.held;
+        }
+    }
+
+    /// A connection goes: nothing it held is held any more.
+    fn forget(&mut self, c: &mut Conn) {
+        let n = c.held;
+        self.sub(c, n);
+    }
+}
+
 pub struct Engine {
     cfg: Config,
     poll: Poll,
@@ -151,7 +194,7 @@ pub struct Engine {
     pool: BufPool,
     metrics: Arc<Metrics>,
     instance: u64,
-    global_held: usize,
+    held: Holdings,
     paused: Vec<u64>,
     bucket: Option<Bucket>,
     stop: bool,
@@ -207,7 +250,7 @@ impl Engine {
             pool: BufPool::default(),
             metrics,
             instance: u64::from_le_bytes(random_bytes::<8>()),
-            global_held: 0,
+            held: Holdings::default(),
             paused: Vec::new(),
             bucket,
             stop: false,
@@ -337,17 +380,23 @@ impl Engine {
     /// Read frames from a connection until its socket is drained or its budget is full.
     fn pump(&mut self, id: u64) {
         loop {
-            let global_room = self.cfg.global_limit.saturating_sub(self.global_held);
             let limit = self.per_conn_limit();
             let Some(c) = self.conns.get_mut(&id) else {
                 return;
             };
-            let allowance = limit.saturating_sub(c.held).min(global_room);
+            let tenant_room = c.tenant().map_or(usize::MAX, |t| {
+                (self.cfg.global_limit / 4)
+                    .max(limit)
+                    .saturating_sub(self.held.tenants[t])
+            });
+            let allowance = limit
+                .saturating_sub(c.held)
+                .min(self.cfg.global_limit.saturating_sub(self.held.total))
+                .min(tenant_room);
             let next = c.next_frame(&mut self.pool, allowance);
             // Bodies allocated are held from now until their request is served.
-            c.held += c.allocated;
-            self.global_held += c.allocated;
-            c.allocated = 0;
+            let allocated = std::mem::take(&mut c.allocated);
+            self.held.add(c, allocated);
             match next {
                 Ok(Next::Frame(h, body)) => {
                     c.paused = false;
@@ -389,10 +438,7 @@ impl Engine {
             return;
         };
         match c.flush() {
-            Ok(n) => {
-                c.held -= n;
-                self.global_held -= n;
-            }
+            Ok(n) => self.held.sub(c, n),
             Err(e) => self.close(id, Close::Io(e.to_string())),
         }
     }
@@ -403,10 +449,7 @@ impl Engine {
             return;
         };
         match c.send(parts) {
-            Ok(queued) => {
-                c.held += queued;
-                self.global_held += queued;
-            }
+            Ok(queued) => self.held.add(c, queued),
             Err(e) => self.close(id, Close::Io(e.to_string())),
         }
     }
@@ -414,8 +457,7 @@ impl Engine {
     /// A frame body is done with: back to the pool, out of the connection's holdings.
     fn release(&mut self, id: u64, body: Body) {
         if let Some(c) = self.conns.get_mut(&id) {
-            c.held -= body.len;
-            self.global_held -= body.len;
+            self.held.sub(c, body.len);
         }
         self.pool.put(body);
     }
@@ -561,6 +603,7 @@ impl Engine {
             session: sidx,
         };
         c.deadline = None;
+        self.held.attribute(c);
         tracing::debug!(
             "connection {id} from {peer}: tenant '{tenant}', session {sidx} ({})",
             if resumed { "resumed" } else { "new" }
@@ -593,6 +636,7 @@ impl Engine {
         self.metrics.tenants.lock().push(metrics.clone());
         let t = self.sched.add_flow(weight);
         debug_assert_eq!(t, self.tenants.len());
+        self.held.tenants.push(0);
         self.tenants.push(Tenant {
             name: name.to_string(),
             quota_pages,
@@ -725,8 +769,7 @@ impl Engine {
             Kind::Read => 64 + pages * p::READ_OK_PAGE_LEN,
             _ => 64,
         };
-        c.held += reply;
-        self.global_held += reply;
+        self.held.add(c, reply);
         let reserve = body.len + reply;
         self.sched.push(
             tenant,
@@ -770,8 +813,7 @@ impl Engine {
             .conns
             .get_mut(&job.conn)
             .expect("jobs of closed connections are dropped");
-        c.held -= job.reserve;
-        self.global_held -= job.reserve;
+        self.held.sub(c, job.reserve);
         c.inflight.remove(&job.id);
         let ci = class_index(job.class);
         self.metrics.requests[ci].fetch_add(1, Ordering::Relaxed);
@@ -829,10 +871,7 @@ impl Engine {
         // Borrowing: the pages point into the store, the connection is another field.
         let c = self.conns.get_mut(&job.conn).expect("checked by execute");
         match c.send(&pages) {
-            Ok(queued) => {
-                c.held += queued;
-                self.global_held += queued;
-            }
+            Ok(queued) => self.held.add(c, queued),
             Err(e) => return self.close(job.conn, Close::Io(e.to_string())),
         }
         self.metrics.pages_read.fetch_add(n, Ordering::Relaxed);
@@ -972,7 +1011,7 @@ impl Engine {
         // Its queued requests go now: a client that fills its window and reconnects again
         // and again must not pile up request bodies.
         self.sched.retain(|j| j.conn != id);
-        self.global_held -= c.held;
+        self.held.forget(&mut c);
         self.metrics.connections.fetch_sub(1, Ordering::Relaxed);
         if let State::Ready { session, .. } = c.state {
             self.detach(session);
@@ -1011,6 +1050,21 @@ impl Engine {
         for id in late {
             self.close(id, Close::Timeout);
         }
+        let stalled: Vec<u64> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.stalled_mid_frame(now, self.cfg.frame_timeout))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in stalled {
+            self.close(
+                id,
+                Close::BadInput(format!(
+                    "stopped in the middle of a frame for {} s",
+                    self.cfg.frame_timeout.as_secs()
+                )),
+            );
+        }
         let expired: Vec<SessionIdx> = self
             .sessions
             .iter()
@@ -1038,6 +1092,6 @@ impl Engine {
             .store(self.sessions.len() as u64, Ordering::Relaxed);
         self.metrics
             .held_bytes
-            .store(self.global_held as u64, Ordering::Relaxed);
+            .store(self.held.total as u64, Ordering::Relaxed);
     }
 }

@@ -69,6 +69,10 @@ pub struct Args {
     /// holds back is shared among tenants by their weights.
     #[arg(long, value_name = "SIZE_PER_S")]
     max_bandwidth: Option<String>,
+    /// Disconnect a client that stops in the middle of a frame this long (it would hold
+    /// server memory for nothing).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    frame_timeout: u64,
     /// After serving, keep polling this long before sleeping (lower latency, more CPU).
     #[arg(long, value_name = "MICROSECONDS", default_value_t = 0)]
     spin_us: u64,
@@ -189,7 +193,8 @@ pub fn run(a: Args) -> Result<()> {
         session_timeout: Duration::from_secs(a.session_timeout),
         max_conns: a.max_conns.max(1),
         window_pages: a.window,
-        global_limit: 256 << 20,
+        global_limit: 512 << 20,
+        frame_timeout: Duration::from_secs(a.frame_timeout),
         spin: Duration::from_micros(a.spin_us),
         max_pages_per_s,
     };

@@ -413,7 +413,9 @@ impl Conn {
                 let want = u32::from_le_bytes(scratch[at..at + 4].try_into().expect("4 bytes"));
                 p::page_crc(&dst[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]) != want
             });
-            self.finish(h.id);
+            if self.finish(h.id).is_none() {
+                return Ok(()); // failed meanwhile (the backend died): already answered
+            }
             add(&self.sh.counters.pages_read, n as u64);
             join.part_done(match bad {
                 None => Ok(()),
@@ -430,7 +432,9 @@ impl Conn {
         scratch.resize(h.len as usize, 0);
         self.read_full(s, scratch)?;
         let f = p::decode(&h, scratch).map_err(|e| RecvError::Protocol(e.to_string()))?;
-        let req = self.finish(h.id).expect("looked up above");
+        let Some(req) = self.finish(h.id) else {
+            return Ok(()); // failed meanwhile (the backend died): already answered
+        };
         match (f, req.done) {
             (Frame::WriteOk(w), Done::Write { join }) => {
                 self.sh.note_stored(w.session_pages, w.new_pages > 0);
