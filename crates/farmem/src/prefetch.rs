@@ -54,7 +54,12 @@ pub(crate) struct InFlightSet {
 impl InFlightSet {
     /// Nothing in flight (one atomic load: cheap enough for every locked-page encounter).
     pub fn is_empty(&self) -> bool {
-        self.count.load(Ordering::Acquire) == 0
+        self.len() == 0
+    }
+
+    /// Batches in flight.
+    pub fn len(&self) -> usize {
+        self.count.load(Ordering::Acquire)
     }
 
     fn insert(&self, b: Batch) {

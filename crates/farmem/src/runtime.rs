@@ -84,6 +84,7 @@ impl Inner {
         s.budget_bytes = (self.budget * PAGE_SIZE) as u64;
         s.resident_pages = self.resident.load(Ordering::Relaxed) as u64;
         s.backend_bytes = self.backend.stored_bytes();
+        s.prefetch_inflight = self.inflight.len() as u64;
         s
     }
 

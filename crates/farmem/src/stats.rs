@@ -29,6 +29,8 @@ macro_rules! counters {
             pub peak_resident_pages: u64,
             /// Bytes the backend uses for the pages it holds.
             pub backend_bytes: u64,
+            /// Read-ahead windows in flight now.
+            pub prefetch_inflight: u64,
             /// Fetch latency (lock to installed, one run of pages), nanoseconds.
             pub fetch_p50_ns: u64,
             pub fetch_p99_ns: u64,
@@ -166,8 +168,9 @@ impl fmt::Display for StatsSnapshot {
         )?;
         writeln!(
             f,
-            "  backend holds       {:>12.1} MiB",
-            mib(self.backend_bytes)
+            "  backend holds       {:>12.1} MiB   read-ahead windows in flight {}",
+            mib(self.backend_bytes),
+            self.prefetch_inflight
         )?;
         for (name, v) in self.counters() {
             if name.ends_with("_ns_total") {
