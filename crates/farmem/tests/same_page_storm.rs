@@ -156,7 +156,14 @@ fn storm(access: Access, fault_threads: usize) {
         match access {
             Access::Unhinted => assert!(
                 after.unhinted_faults - before.unhinted_faults >= N as u64,
-                "every page faulted"
+                "every page faulted: round {round}: faults {}, fetched {fetched}, spurious {}, \
+                 stolen {}, hint calls {}, hint misses {}, readahead {}",
+                after.unhinted_faults - before.unhinted_faults,
+                after.spurious_faults - before.spurious_faults,
+                after.stolen_faults - before.stolen_faults,
+                after.hint_calls - before.hint_calls,
+                after.hint_misses - before.hint_misses,
+                after.readahead_pages - before.readahead_pages,
             ),
             Access::MixedWrites => {}
             _ => assert!(
