@@ -3,10 +3,10 @@
 //! flight per thread or a pipeline of several), single-page demand-read latency, and how two
 //! tenants share the server (weights 1:1 and 2:1).
 //!
-//! Fair sharing is measured twice. Uncapped, on a 2-core machine the clients (receiving and
-//! checksumming) run out of CPU before the server does, so the shares show what each client
-//! could take. Then with the server's bandwidth capped at half the uncapped total, as a
-//! network link would cap it: the server is the bottleneck and its fair queue decides.
+//! Fair sharing is measured twice: uncapped, where the server's one thread is the bottleneck
+//! (its CPU), and with the server's bandwidth capped at half the uncapped total, as a slower
+//! network link would cap it. Either way each tenant keeps a window of requests in flight and
+//! the server's weighted fair queue decides who is served next.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
@@ -348,7 +348,9 @@ pub fn run(a: Args) -> Result<()> {
             &format!("{cap_mib}M"),
         ],
     )?;
-    println!("  server capped at {cap_mib} MiB/s (half the uncapped total): the server saturates");
+    println!(
+        "  server capped at {cap_mib} MiB/s (half the uncapped total), as a slower link would"
+    );
     results.insert("cap_mib_per_s".into(), cap_mib.into());
     fair_shares(&capped, &a, "capped", &mut results)?;
     if let Some(p) = &a.json {

@@ -34,7 +34,11 @@ use super::wfq::Wfq;
 const LISTENER: Token = Token(0);
 const SIGNALS: Token = Token(1);
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Jobs served per turn before the loop looks at the sockets again.
+/// A turn serves jobs for about this long (or `JOBS_PER_TURN` jobs) before the loop reads
+/// the sockets again. Short turns matter for fairness: requests that arrive meanwhile must
+/// join the queue before the next choice, or a turn would just serve everything queued (each
+/// client's window of requests) and the order the weights give would change nothing.
+const TURN_BUDGET: Duration = Duration::from_micros(100);
 const JOBS_PER_TURN: usize = 64;
 const MAX_SESSIONS: usize = 65536;
 const MAX_TENANTS: usize = 4096;
@@ -791,7 +795,11 @@ impl Engine {
 
     /// Serve a turn's worth of queued requests in fair order (within the bandwidth cap).
     fn serve(&mut self) {
+        let start = Instant::now();
         for _ in 0..JOBS_PER_TURN {
+            if start.elapsed() > TURN_BUDGET {
+                return;
+            }
             if let Some(b) = &mut self.bucket {
                 b.refill();
                 if b.tokens < 0.0 {
