@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod run;
 mod server;
 
 use anyhow::Result;
@@ -28,6 +29,8 @@ enum Cmd {
     Demo(demo::Args),
     /// Measure page-scan throughput against a native array, and the hint fast-path cost.
     Bench(bench::Args),
+    /// Run an unmodified program with part of its heap in far memory.
+    Run(run::Args),
     /// Run the memory server: far memory for programs on other machines (or this one),
     /// multi-tenant, authenticated, fairly shared.
     Server(server::Args),
@@ -46,5 +49,6 @@ fn main() -> Result<()> {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(a) => bench::run(a),
         Cmd::Server(a) => server::run(a),
+        Cmd::Run(a) => run::run(a),
     }
 }

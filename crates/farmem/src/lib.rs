@@ -17,13 +17,17 @@
 pub mod backend;
 mod capi;
 pub mod config;
+mod discard;
 pub mod error;
 mod fault;
 mod fetch;
+pub mod fork;
 mod hint;
+mod local_alloc;
 pub mod page_table;
 pub mod policy;
 mod prefetch;
+pub mod preload;
 pub mod protocol;
 mod reclaim;
 mod region;
@@ -39,6 +43,21 @@ pub use region::Region;
 pub use runtime::Runtime;
 pub use stats::StatsSnapshot;
 pub use sys::mem::PAGE_SIZE;
+
+/// Start one of the runtime's own threads. Its allocations stay in local memory even when
+/// the program's heap is far (a fault thread must never fault on its own data).
+pub(crate) fn spawn_runtime_thread<F>(
+    name: String,
+    f: F,
+) -> std::io::Result<std::thread::JoinHandle<()>>
+where
+    F: FnOnce() + Send + 'static,
+{
+    std::thread::Builder::new().name(name).spawn(move || {
+        preload::keep_local_on_this_thread();
+        f()
+    })
+}
 
 /// Stop the program with a message naming the cause. Used where continuing would mean
 /// handing the program wrong data (a page that cannot be fetched): never zeros instead.

@@ -23,6 +23,12 @@ use crate::sys::mem::PAGE_SIZE;
 pub(crate) fn reserve(inner: &Inner, n: usize) {
     let mut idle_rounds = 0u32;
     loop {
+        if inner.reclaim_paused.load(Ordering::Acquire) {
+            // A fork is bringing far pages back: nothing may be evicted until it is done.
+            let now = inner.resident.fetch_add(n, Ordering::AcqRel) + n;
+            inner.stats.note_resident(now as u64);
+            return;
+        }
         let cur = inner.resident.load(Ordering::Relaxed);
         if cur + n <= inner.budget {
             if inner
@@ -138,6 +144,10 @@ fn ranges_of(vpns: impl Iterator<Item = usize>) -> Vec<(usize, usize)> {
 
 /// Evict up to `max` pages. Returns how many left local memory.
 pub(crate) fn evict_batch(inner: &Inner, max: usize) -> usize {
+    let _gate = inner.evict_gate.read();
+    if inner.reclaim_paused.load(Ordering::Acquire) {
+        return 0;
+    }
     let t0 = Instant::now();
     let mut cands = Vec::with_capacity(max);
     inner.policy.lock().take_victims(max, &mut cands);
@@ -311,6 +321,10 @@ pub(crate) fn control_thread(inner: Arc<Inner>) {
         let busy = inner.fault_busy_since.load(Ordering::Acquire);
         if busy != 0 && inner.now_ns().saturating_sub(busy) > steal_after {
             stealer.steal(&inner);
+        }
+        if inner.reclaim_paused.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
         }
         if inner.free_pages() < inner.free_target {
             let goal = (inner.free_target + inner.cfg.evict_batch).min(inner.budget);

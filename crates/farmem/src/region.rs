@@ -15,6 +15,9 @@ pub struct RegionInfo {
     pub id: u32,
     pub base: usize,
     pub npages: usize,
+    /// Placed inside a reservation of the caller's (`Runtime::create_region_at`): on
+    /// teardown the range goes back to an inaccessible reservation instead of being unmapped.
+    pub fixed: bool,
 }
 
 impl RegionInfo {
@@ -36,18 +39,37 @@ impl RegionInfo {
     }
 }
 
-/// Map and register a region of `len` bytes (a page multiple).
-pub(crate) fn map(inner: &Inner, id: u32, len: usize) -> Result<RegionInfo> {
-    let base = mem::map_anon(len, libc::PROT_READ | libc::PROT_WRITE)
-        .map_err(|e| Error::sys("mapping region", e))? as usize;
+/// Give a region's address range back: unmap it, or for a fixed region turn it back into an
+/// inaccessible reservation so nothing else gets mapped there.
+fn release_range(info: &RegionInfo) {
+    let len = info.npages * PAGE_SIZE;
+    if info.fixed {
+        // SAFETY: the range is the caller's reservation; nothing refers to it any more.
+        let _ = unsafe { mem::map_anon_fixed(info.base, len, libc::PROT_NONE) };
+    } else {
+        // SAFETY: the mapping is ours and nothing refers to it any more.
+        unsafe { mem::unmap(info.base as *mut u8, len) };
+    }
+}
+
+/// Map and register a region of `len` bytes (a page multiple), at `at` if given (a range of
+/// a reservation the caller owns).
+pub(crate) fn map(inner: &Inner, id: u32, len: usize, at: Option<usize>) -> Result<RegionInfo> {
+    let prot = libc::PROT_READ | libc::PROT_WRITE;
+    let base = match at {
+        // SAFETY: the caller owns the reserved range (`Runtime::create_region_at`).
+        Some(a) => unsafe { mem::map_anon_fixed(a, len, prot) },
+        None => mem::map_anon(len, prot),
+    }
+    .map_err(|e| Error::sys("mapping region", e))? as usize;
     let info = RegionInfo {
         id,
         base,
         npages: len / PAGE_SIZE,
+        fixed: at.is_some(),
     };
     let undo = |e: Error| {
-        // SAFETY: the mapping was created above and is not yet visible to anyone.
-        unsafe { mem::unmap(base as *mut u8, len) };
+        release_range(&info);
         e
     };
     // The runtime installs and evicts 4 KiB pages; huge pages would defeat both.
@@ -123,9 +145,9 @@ pub(crate) fn unmap(inner: &Inner, info: &RegionInfo) {
         .remove_range(info.first_vpn(), info.npages);
     page_table::unregister(info.first_vpn(), info.npages);
     let _ = inner.uffd.unregister(info.base, info.npages * PAGE_SIZE);
-    // SAFETY: the region's handle is being dropped and its metadata cleared: nothing the
-    // runtime does refers to these addresses any more.
-    unsafe { mem::unmap(info.base as *mut u8, info.npages * PAGE_SIZE) };
+    // The region's handle is being dropped and its metadata cleared: nothing the runtime
+    // does refers to these addresses any more.
+    release_range(info);
     inner.resident.fetch_sub(present, Ordering::Relaxed);
     inner.backend.close_region(info.id);
 }

@@ -52,6 +52,12 @@ pub(crate) struct Inner {
     pub far_full_backoff: AtomicU64,
     /// Read-ahead batches in flight (see `prefetch.rs`).
     pub inflight: crate::prefetch::InFlightSet,
+    /// Reclaim is paused while a fork brings far pages back (see `fork.rs`); fetches may
+    /// then exceed the budget.
+    pub reclaim_paused: AtomicBool,
+    /// Held shared by every eviction batch, exclusively by a fork in preparation, which so
+    /// waits for the batches in flight.
+    pub evict_gate: RwLock<()>,
 }
 
 impl Inner {
@@ -108,14 +114,42 @@ struct RegistryEntry {
 
 static REGISTRY: RwLock<BTreeMap<usize, RegistryEntry>> = RwLock::new(BTreeMap::new());
 
-/// Find the runtime and region holding `addr`.
+/// Find the runtime and region holding `addr`. None in a forked child, whose runtime threads
+/// did not survive the fork (its memory is all local there).
 pub(crate) fn lookup(addr: usize) -> Option<(Arc<Inner>, RegionInfo)> {
+    if crate::fork::in_child() {
+        return None;
+    }
     let reg = REGISTRY.read();
     let (_, e) = reg.range(..=addr).next_back()?;
     if addr >= e.end {
         return None;
     }
     Some((e.rt.upgrade()?, e.info))
+}
+
+/// Every runtime that has at least one region.
+pub(crate) fn live_runtimes() -> Vec<Arc<Inner>> {
+    let mut out: Vec<Arc<Inner>> = Vec::new();
+    for e in REGISTRY.read().values() {
+        if let Some(rt) = e.rt.upgrade() {
+            if !out.iter().any(|o| Arc::ptr_eq(o, &rt)) {
+                out.push(rt);
+            }
+        }
+    }
+    out
+}
+
+fn refuse_in_child() -> Result<()> {
+    if crate::fork::in_child() {
+        return Err(Error::Config(
+            "far memory is not available in a child forked from a far-memory process (the \
+             runtime's threads do not survive fork; the child's memory is all local)"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 struct Shared {
@@ -158,7 +192,9 @@ pub struct Runtime {
 impl Runtime {
     /// Start a runtime with its own budget, backend and threads.
     pub fn new(cfg: Config) -> Result<Runtime> {
+        refuse_in_child()?;
         cfg.validate()?;
+        crate::fork::install_handlers();
         page_table::init().map_err(|e| Error::sys("page table", e))?;
         let uffd = Uffd::open(uffd::FEATURE_PAGEFAULT_FLAG_WP | uffd::FEATURE_THREAD_ID)
             .map_err(|e| Error::sys("opening userfaultfd", e))?;
@@ -198,23 +234,25 @@ impl Runtime {
             far_full_until: AtomicU64::new(0),
             far_full_backoff: AtomicU64::new(0),
             inflight: Default::default(),
+            reclaim_paused: AtomicBool::new(false),
+            evict_gate: RwLock::new(()),
         });
         let mut threads = Vec::new();
         for i in 0..inner.cfg.fault_threads {
             let inn = inner.clone();
             threads.push(
-                std::thread::Builder::new()
-                    .name(format!("farmem-fault-{i}"))
-                    .spawn(move || fault::fault_thread(inn))
-                    .map_err(|e| Error::sys("starting fault thread", e))?,
+                crate::spawn_runtime_thread(format!("farmem-fault-{i}"), move || {
+                    fault::fault_thread(inn)
+                })
+                .map_err(|e| Error::sys("starting fault thread", e))?,
             );
         }
         let inn = inner.clone();
         threads.push(
-            std::thread::Builder::new()
-                .name("farmem-control".into())
-                .spawn(move || reclaim::control_thread(inn))
-                .map_err(|e| Error::sys("starting control thread", e))?,
+            crate::spawn_runtime_thread("farmem-control".into(), move || {
+                reclaim::control_thread(inn)
+            })
+            .map_err(|e| Error::sys("starting control thread", e))?,
         );
         tracing::debug!(
             budget_pages = inner.budget,
@@ -233,6 +271,12 @@ impl Runtime {
     /// The process-wide runtime configured from `FARMEM_*` environment variables (what the C
     /// API and the preloaded library use). Started on first use.
     pub fn global() -> Result<&'static Runtime> {
+        refuse_in_child()?;
+        // Under `farmem run` the transparent mode's runtime is the process's runtime: hints
+        // and regions of the C API share its budget.
+        if let Some(rt) = crate::preload::runtime() {
+            return Ok(rt);
+        }
         static GLOBAL: OnceLock<std::result::Result<Runtime, String>> = OnceLock::new();
         let r = GLOBAL.get_or_init(|| {
             let rt = Config::from_env()
@@ -278,6 +322,27 @@ impl Runtime {
     /// Create a far-memory region of `size` bytes (rounded up to whole pages). The region
     /// may be far larger than the local budget; pages that were never written cost nothing.
     pub fn create_region(&self, size: usize) -> Result<Region> {
+        self.create_region_impl(size, None)
+    }
+
+    /// Create a region over `[addr, addr+size)`, a page-aligned part of an inaccessible
+    /// reservation (`PROT_NONE` mapping) that the caller owns; the transparent mode carves
+    /// the program's heap this way. Dropping the region turns the range back into a
+    /// reservation.
+    ///
+    /// # Safety
+    /// The range must be the caller's reservation: whatever is mapped there is replaced.
+    pub unsafe fn create_region_at(&self, addr: usize, size: usize) -> Result<Region> {
+        if !addr.is_multiple_of(PAGE_SIZE) || !size.is_multiple_of(PAGE_SIZE) {
+            return Err(Error::Invalid(format!(
+                "region at {addr:#x} of {size} bytes is not page-aligned"
+            )));
+        }
+        self.create_region_impl(size, Some(addr))
+    }
+
+    fn create_region_impl(&self, size: usize, at: Option<usize>) -> Result<Region> {
+        refuse_in_child()?;
         let inner = self.inner();
         if size == 0 {
             return Err(Error::Invalid("region size must be positive".into()));
@@ -289,7 +354,7 @@ impl Runtime {
         }
         let len = size.div_ceil(PAGE_SIZE) * PAGE_SIZE;
         let id = inner.next_region.fetch_add(1, Ordering::Relaxed);
-        let info = crate::region::map(inner, id, len)?;
+        let info = crate::region::map(inner, id, len, at)?;
         REGISTRY.write().insert(
             info.base,
             RegistryEntry {
@@ -300,6 +365,31 @@ impl Runtime {
         );
         inner.regions.write().insert(info.base, info);
         Ok(Region::new(self.clone(), info))
+    }
+
+    /// Discard the contents of the pages of `[addr, addr+len)` that belong to this runtime's
+    /// regions (what `munmap` or `madvise(MADV_DONTNEED)` do to anonymous memory): local
+    /// copies are dropped, far copies forgotten, and the pages read as zeros afterwards.
+    /// Returns how many of them were local. Partial pages at the ends are included.
+    pub fn discard(&self, addr: usize, len: usize) -> usize {
+        let inner = self.inner();
+        let end = addr.saturating_add(len);
+        let mut dropped = 0;
+        let regions: Vec<RegionInfo> = inner
+            .regions
+            .read()
+            .range(..end)
+            .map(|(_, r)| *r)
+            .filter(|r| r.end() > addr)
+            .collect();
+        for r in regions {
+            let first = (addr.max(r.base)) / PAGE_SIZE;
+            let last = (end.min(r.end())).div_ceil(PAGE_SIZE);
+            if first < last {
+                dropped += crate::discard::discard_pages(inner, first, last);
+            }
+        }
+        dropped
     }
 
     pub(crate) fn destroy_region(&self, info: &RegionInfo) {

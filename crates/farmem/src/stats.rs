@@ -80,6 +80,8 @@ counters! {
     bytes_read: "Bytes read from the backend.",
     bytes_written: "Bytes written to the backend.",
     fetch_ns_total: "Total time spent fetching (all threads), nanoseconds.",
+    pages_discarded: "Pages discarded (munmap, MADV_DONTNEED, allocator purge): read as zeros again.",
+    fork_fetched_pages: "Far pages brought back before a fork so that the child sees them.",
 }
 
 pub struct Stats {
@@ -149,6 +151,35 @@ impl StatsSnapshot {
     /// Every counter by name, for tools that print or export them.
     pub fn counters(&self) -> Vec<(&'static str, u64)> {
         Counters::fields(self)
+    }
+
+    /// Every field by name: the counters, then the gauges and latency summaries.
+    pub fn fields(&self) -> Vec<(&'static str, u64)> {
+        let mut v = self.counters();
+        v.extend([
+            ("budget_bytes", self.budget_bytes),
+            ("resident_pages", self.resident_pages),
+            ("peak_resident_pages", self.peak_resident_pages),
+            ("backend_bytes", self.backend_bytes),
+            ("prefetch_inflight", self.prefetch_inflight),
+            ("fetch_p50_ns", self.fetch_p50_ns),
+            ("fetch_p99_ns", self.fetch_p99_ns),
+            ("fetch_max_ns", self.fetch_max_ns),
+            ("evict_p50_ns", self.evict_p50_ns),
+            ("evict_p99_ns", self.evict_p99_ns),
+            ("evict_max_ns", self.evict_max_ns),
+        ]);
+        v
+    }
+
+    /// The fields as one flat JSON object (integers only, so no escaping is needed).
+    pub fn to_json(&self) -> String {
+        let body: Vec<String> = self
+            .fields()
+            .iter()
+            .map(|(k, v)| format!("\"{k}\":{v}"))
+            .collect();
+        format!("{{{}}}", body.join(","))
     }
 }
 

@@ -7,25 +7,110 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 pub const PAGE_SIZE: usize = 4096;
 pub const PAGE_SHIFT: u32 = 12;
 
+// Every memory syscall of the runtime goes straight to the kernel, not through libc's
+// `mmap`/`munmap`/`madvise`/`mprotect`: when `libfarmem.so` is preloaded it *is* those
+// symbols (see `preload/`), and the runtime's own mappings must never be taken for the
+// program's.
+
+/// Raw `mmap(2)`: the address, or the negated errno.
+pub fn sys_mmap(
+    addr: usize,
+    len: usize,
+    prot: i32,
+    flags: i32,
+    fd: i32,
+    off: i64,
+) -> Result<usize, i32> {
+    // SAFETY: a raw syscall with integer arguments; what it maps or replaces is the caller's
+    // responsibility (the safe wrappers below only create fresh mappings).
+    let r = unsafe { libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, off) };
+    if r < 0 {
+        Err(errno())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// Raw syscall with up to five integer arguments returning 0 or -1/errno.
+fn sys_check(r: libc::c_long) -> Result<usize, i32> {
+    if r < 0 {
+        Err(errno())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+pub fn errno() -> i32 {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EINVAL)
+}
+
+/// Raw `munmap(2)`.
+///
+/// # Safety
+/// The range must not be in use by anything that still expects it mapped.
+pub unsafe fn sys_munmap(addr: usize, len: usize) -> Result<usize, i32> {
+    // SAFETY: guaranteed by the caller.
+    sys_check(unsafe { libc::syscall(libc::SYS_munmap, addr, len) })
+}
+
+/// Raw `madvise(2)`.
+///
+/// # Safety
+/// Destructive advice (`MADV_DONTNEED`, `MADV_FREE`, ...) drops contents: the caller must own
+/// them.
+pub unsafe fn sys_madvise(addr: usize, len: usize, advice: i32) -> Result<usize, i32> {
+    // SAFETY: guaranteed by the caller.
+    sys_check(unsafe { libc::syscall(libc::SYS_madvise, addr, len, advice) })
+}
+
+/// Raw `mprotect(2)`.
+///
+/// # Safety
+/// Removing access from memory others still use makes their next access fault.
+pub unsafe fn sys_mprotect(addr: usize, len: usize, prot: i32) -> Result<usize, i32> {
+    // SAFETY: guaranteed by the caller.
+    sys_check(unsafe { libc::syscall(libc::SYS_mprotect, addr, len, prot) })
+}
+
+/// Raw `mremap(2)`.
+///
+/// # Safety
+/// Moves or resizes a mapping: the caller must own it.
+pub unsafe fn sys_mremap(
+    old: usize,
+    old_len: usize,
+    new_len: usize,
+    flags: i32,
+    new_addr: usize,
+) -> Result<usize, i32> {
+    // SAFETY: guaranteed by the caller.
+    sys_check(unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new_addr) })
+}
+
+fn io_err(e: i32) -> io::Error {
+    io::Error::from_raw_os_error(e)
+}
+
 /// Map `len` bytes of private anonymous memory that is not charged against overcommit.
 pub fn map_anon(len: usize, prot: i32) -> io::Result<*mut u8> {
-    // SAFETY: requesting a fresh mapping at an address of the kernel's choosing; no existing
-    // memory is affected.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            prot,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(p.cast())
-    }
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+    sys_mmap(0, len, prot, flags, -1, 0)
+        .map(|p| p as *mut u8)
+        .map_err(io_err)
+}
+
+/// Replace `[addr, addr+len)`, which must lie in a reservation of the caller's (see
+/// `preload::vspace`), with fresh private anonymous memory.
+///
+/// # Safety
+/// Whatever was mapped there is discarded: the caller must own the range.
+pub unsafe fn map_anon_fixed(addr: usize, len: usize, prot: i32) -> io::Result<*mut u8> {
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED;
+    sys_mmap(addr, len, prot, flags, -1, 0)
+        .map(|p| p as *mut u8)
+        .map_err(io_err)
 }
 
 /// Unmap a mapping made by [`map_anon`].
@@ -34,24 +119,22 @@ pub fn map_anon(len: usize, prot: i32) -> io::Result<*mut u8> {
 /// `[p, p+len)` must be a mapping owned by the caller that nothing references any more.
 pub unsafe fn unmap(p: *mut u8, len: usize) {
     // SAFETY: guaranteed by the caller.
-    unsafe { libc::munmap(p.cast(), len) };
+    let _ = unsafe { sys_munmap(p as usize, len) };
 }
 
 pub fn mprotect(p: *mut u8, len: usize, prot: i32) -> io::Result<()> {
     // SAFETY: changes protection of memory we mapped ourselves; callers pass page-aligned ranges.
-    if unsafe { libc::mprotect(p.cast(), len, prot) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    unsafe { sys_mprotect(p as usize, len, prot) }
+        .map(|_| ())
+        .map_err(io_err)
 }
 
 pub fn madvise(p: usize, len: usize, advice: i32) -> io::Result<()> {
     // SAFETY: advice on a range of our own mappings; DONTNEED on a region is how pages leave
     // local memory, after their contents are safe in the backend.
-    if unsafe { libc::madvise(p as *mut libc::c_void, len, advice) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    unsafe { sys_madvise(p, len, advice) }
+        .map(|_| ())
+        .map_err(io_err)
 }
 
 const SYS_PIDFD_OPEN: libc::c_long = 434;

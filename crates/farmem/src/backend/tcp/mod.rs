@@ -256,10 +256,7 @@ impl TcpBackend {
             };
             let conn = c.clone();
             let name = format!("farmem-tcp-{:?}", c.role).to_lowercase();
-            match std::thread::Builder::new()
-                .name(name)
-                .spawn(move || conn.receive_loop(reader))
-            {
+            match crate::spawn_runtime_thread(name, move || conn.receive_loop(reader)) {
                 Ok(h) => receivers.push(h),
                 Err(e) => {
                     return Err(fail(

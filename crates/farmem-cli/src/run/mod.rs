@@ -1,0 +1,336 @@
+//! `farmem run`: an unmodified program with part of its heap in far memory.
+//!
+//! The program is started with `libfarmem.so` preloaded (`LD_PRELOAD`) and `FARMEM_PRELOAD=1`,
+//! which puts its heap in far memory (see the library's `preload` module). This process
+//! stays as its parent: it passes the exit status and the signal the program died of
+//! through, forwards termination signals, and reads the statistics the library writes at
+//! exit.
+
+mod report;
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+
+#[derive(Parser, Debug)]
+#[command(
+    after_help = "Examples:\n  farmem run --local-mem 512M -- python3 script.py\n  farmem run \
+                  --local-mem 25% --measure-peak --stats -- sort -S 2G big.txt\n  farmem run \
+                  --backend tcp://127.0.0.1:7070 --local-mem 1G -- memcached -m 4096\n\n\
+                  The program's own output, exit status and signals pass through untouched. \
+                  Programs it executes run under farmem too, each with the same budget; a \
+                  child made by fork() without exec runs with its memory local."
+)]
+pub struct Args {
+    /// Local memory for the program's heap: a size (512M, 2G) or a percentage of the
+    /// program's peak memory (25%), which needs --peak or --measure-peak. Default: half of
+    /// this machine's memory.
+    #[arg(long, value_name = "SIZE|PCT%")]
+    local_mem: Option<String>,
+    /// The program's peak memory, for a percentage --local-mem (e.g. 4G).
+    #[arg(long, value_name = "SIZE")]
+    peak: Option<String>,
+    /// Measure the peak first: run the program once without farmem (output discarded, no
+    /// stdin), then again under farmem.
+    #[arg(long)]
+    measure_peak: bool,
+    /// Where far memory lives: local:// (in-process, default), local+lz4:// (compressed),
+    /// tcp://[tenant@]host:port (a `farmem server`; token from FARMEM_TOKEN or
+    /// FARMEM_TOKEN_FILE).
+    #[arg(long, value_name = "URL")]
+    backend: Option<String>,
+    /// Reclaim policy (fifo).
+    #[arg(long)]
+    policy: Option<String>,
+    /// Print a summary to stderr when the program ends.
+    #[arg(long)]
+    stats: bool,
+    /// Write the summary as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    stats_json: Option<PathBuf>,
+    /// Pre-fault allocations of up to SIZE bytes when they are made (default 64K when given
+    /// without a value), so that first touches need no fault.
+    #[arg(long, value_name = "SIZE", num_args = 0..=1, default_missing_value = "64K")]
+    prefault: Option<String>,
+    /// The libfarmem.so to preload (default: FARMEM_LIB, or the one next to this binary).
+    #[arg(long, value_name = "PATH")]
+    lib: Option<PathBuf>,
+    /// The program and its arguments.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    cmd: Vec<OsString>,
+}
+
+/// Find libfarmem.so: next to this binary (a cargo build), or in ../lib (an install).
+fn find_lib(explicit: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = explicit {
+        if p.is_file() {
+            return Ok(p.canonicalize()?);
+        }
+        bail!("{}: no such library", p.display());
+    }
+    let exe = std::env::current_exe().context("locating the farmem binary")?;
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    for cand in [dir.join("libfarmem.so"), dir.join("../lib/libfarmem.so")] {
+        if cand.is_file() {
+            return Ok(cand.canonicalize()?);
+        }
+    }
+    bail!(
+        "libfarmem.so not found next to {} (build it with `cargo build --release`, or pass \
+         --lib PATH / set FARMEM_LIB)",
+        exe.display()
+    )
+}
+
+/// Resolve --local-mem to bytes.
+fn budget(a: &Args) -> Result<Option<u64>> {
+    let Some(s) = a.local_mem.as_deref() else {
+        return Ok(None);
+    };
+    let Some(pct) = s.trim().strip_suffix('%') else {
+        let b = farmem::config::parse_size(s)?;
+        return Ok(Some(b));
+    };
+    let pct: f64 = pct
+        .trim()
+        .parse()
+        .with_context(|| format!("--local-mem {s}: not a percentage"))?;
+    if !(pct > 0.0 && pct <= 100.0) {
+        bail!("--local-mem {s}: the percentage must be in (0, 100]");
+    }
+    let peak = match (&a.peak, a.measure_peak) {
+        (Some(p), _) => farmem::config::parse_size(p)?,
+        (None, true) => measure_peak(&a.cmd)?,
+        (None, false) => bail!(
+            "--local-mem {s} is a share of the program's peak memory: give --peak SIZE, or \
+             --measure-peak to measure it with a first run"
+        ),
+    };
+    Ok(Some((peak as f64 * pct / 100.0) as u64))
+}
+
+/// Run the program once natively and return its peak resident set.
+fn measure_peak(cmd: &[OsString]) -> Result<u64> {
+    eprintln!(
+        "farmem: measuring the peak memory of {:?} (first run, output discarded)",
+        cmd[0]
+    );
+    let child = Command::new(&cmd[0])
+        .args(&cmd[1..])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {:?}", cmd[0]))?;
+    let (status, rusage) = wait_with_rusage(child.id() as i32)?;
+    if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+        bail!(
+            "the measuring run of {:?} failed (wait status {status:#x})",
+            cmd[0]
+        );
+    }
+    let peak = rusage.ru_maxrss as u64 * 1024;
+    eprintln!(
+        "farmem: peak resident memory {:.1} MiB",
+        peak as f64 / (1 << 20) as f64
+    );
+    Ok(peak)
+}
+
+/// wait4 on `pid`, retrying on EINTR. Returns the wait status and the child's rusage.
+fn wait_with_rusage(pid: i32) -> Result<(i32, libc::rusage)> {
+    let mut status = 0;
+    // SAFETY: rusage is plain old data; all-zero is a valid value.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: waiting for our own child with valid out-pointers.
+        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+        if r == pid {
+            return Ok((status, ru));
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e).context("waiting for the program");
+        }
+    }
+}
+
+/// Check up front that userfaultfd works here, so the user gets the fix, not a failed run.
+fn check_userfaultfd() -> Result<()> {
+    farmem::sys::uffd::Uffd::open(0)
+        .map(|_| ())
+        .context("farmem needs userfaultfd")
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let lib_env = std::env::var_os("FARMEM_LIB").map(PathBuf::from);
+    let lib = find_lib(a.lib.as_deref().or(lib_env.as_deref()))?;
+    check_userfaultfd()?;
+    let local = budget(&a)?;
+    if let Some(b) = &a.backend {
+        farmem::BackendSpec::parse(b).context("--backend")?;
+    }
+    if let Some(p) = &a.policy {
+        farmem::PolicyKind::parse(p).context("--policy")?;
+    }
+    let stats_dir = tempdir()?;
+    let mut cmd = Command::new(&a.cmd[0]);
+    cmd.args(&a.cmd[1..]);
+    let preload = match std::env::var_os("LD_PRELOAD") {
+        Some(old) if !old.is_empty() => {
+            let mut v = lib.clone().into_os_string();
+            v.push(":");
+            v.push(old);
+            v
+        }
+        _ => lib.clone().into_os_string(),
+    };
+    cmd.env("LD_PRELOAD", preload)
+        .env("FARMEM_PRELOAD", "1")
+        .env("FARMEM_STATS_DIR", &stats_dir);
+    if let Some(b) = local {
+        cmd.env("FARMEM_LOCAL_MEM", b.to_string());
+    }
+    if let Some(b) = &a.backend {
+        cmd.env("FARMEM_BACKEND", b);
+    }
+    if let Some(p) = &a.policy {
+        cmd.env("FARMEM_POLICY", p);
+    }
+    if let Some(p) = &a.prefault {
+        farmem::config::parse_size(p).context("--prefault")?;
+        cmd.env("FARMEM_PREFAULT", p);
+    }
+    // The config the program will see must be valid: check it here, with this process's
+    // view of the same variables, so a bad value is reported before anything runs.
+    check_config(local, &a)?;
+
+    let forward = signals::Forwarder::install()?;
+    let t0 = Instant::now();
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("starting {:?}", a.cmd[0]))?;
+    let pid = child.id() as i32;
+    forward.set_child(pid);
+    let (status, ru) = wait_with_rusage(pid)?;
+    forward.set_child(0);
+    let wall = t0.elapsed();
+
+    let rep = report::Report::collect(&stats_dir, pid, status, wall, &ru, local);
+    let _ = std::fs::remove_dir_all(&stats_dir);
+    if a.stats {
+        eprint!("{}", rep.human());
+    }
+    if let Some(f) = &a.stats_json {
+        std::fs::write(f, rep.json())
+            .with_context(|| format!("writing statistics to {}", f.display()))?;
+    }
+    signals::pass_status_through(status)
+}
+
+fn check_config(local: Option<u64>, a: &Args) -> Result<()> {
+    let mut c = farmem::Config::default();
+    if let Some(b) = local {
+        c.local_mem = b;
+    }
+    if let Some(b) = &a.backend {
+        c.backend = farmem::BackendSpec::parse(b)?;
+    }
+    c.validate().context("--local-mem")?;
+    Ok(())
+}
+
+/// A private directory for the statistics files of this run.
+fn tempdir() -> Result<PathBuf> {
+    let base = std::env::temp_dir();
+    for i in 0..100u32 {
+        let d = base.join(format!("farmem-run-{}-{i}", std::process::id()));
+        match std::fs::create_dir(&d) {
+            Ok(()) => return Ok(d),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e).with_context(|| format!("creating {}", d.display())),
+        }
+    }
+    bail!("cannot create a statistics directory in {}", base.display())
+}
+
+mod signals {
+    //! Signals between this process and the program.
+
+    use std::sync::atomic::{AtomicI32, Ordering};
+    use std::sync::Arc;
+
+    use anyhow::{Context, Result};
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
+    use signal_hook::iterator::Signals;
+
+    pub struct Forwarder {
+        child: Arc<AtomicI32>,
+    }
+
+    impl Forwarder {
+        /// Catch termination signals for the program's lifetime. SIGTERM and SIGHUP are
+        /// forwarded to it; SIGINT and SIGQUIT come from the terminal, which sends them to
+        /// the program as well, so this process only survives them and lets the program
+        /// decide.
+        pub fn install() -> Result<Forwarder> {
+            let child = Arc::new(AtomicI32::new(0));
+            let mut sigs = Signals::new([SIGTERM, SIGHUP, SIGINT, SIGQUIT])
+                .context("installing signal handlers")?;
+            let c = child.clone();
+            std::thread::Builder::new()
+                .name("farmem-run-signals".into())
+                .spawn(move || {
+                    for s in sigs.forever() {
+                        let pid = c.load(Ordering::Acquire);
+                        if pid > 0 && (s == SIGTERM || s == SIGHUP) {
+                            // SAFETY: signalling our own child.
+                            unsafe { libc::kill(pid, s) };
+                        }
+                    }
+                })
+                .context("starting the signal thread")?;
+            Ok(Forwarder { child })
+        }
+
+        pub fn set_child(&self, pid: i32) {
+            self.child.store(pid, Ordering::Release);
+        }
+    }
+
+    /// Exit the way the program did: same exit code, or death by the same signal.
+    pub fn pass_status_through(status: i32) -> Result<()> {
+        if libc::WIFEXITED(status) {
+            std::process::exit(libc::WEXITSTATUS(status));
+        }
+        if libc::WIFSIGNALED(status) {
+            let sig = libc::WTERMSIG(status);
+            // SAFETY: restoring the default action and raising the signal on ourselves;
+            // no core dump of this process is wanted, so limit it to zero first.
+            unsafe {
+                let no_core = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                libc::setrlimit(libc::RLIMIT_CORE, &no_core);
+                libc::signal(sig, libc::SIG_DFL);
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, sig);
+                libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+                libc::raise(sig);
+            }
+            std::process::exit(128 + sig);
+        }
+        std::process::exit(1)
+    }
+}

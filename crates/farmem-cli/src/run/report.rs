@@ -1,0 +1,205 @@
+//! The summary of a `farmem run`: what the program cost in local memory, faults and moves.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+
+pub struct Report {
+    pid: i32,
+    status: i32,
+    wall: Duration,
+    /// Peak resident set of the program's main process (from wait4), bytes.
+    peak_rss: u64,
+    local_mem: Option<u64>,
+    /// The main process's statistics, if it exited normally (the library writes them at
+    /// exit).
+    main: Option<Map<String, Value>>,
+    /// Other processes of the program (executed children), summed.
+    others: BTreeMap<String, u64>,
+    n_others: usize,
+    backend: String,
+}
+
+fn stat(m: &Map<String, Value>, k: &str) -> u64 {
+    m.get(k).and_then(Value::as_u64).unwrap_or(0)
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1u64 << 20) as f64
+}
+
+impl Report {
+    pub fn collect(
+        dir: &Path,
+        pid: i32,
+        status: i32,
+        wall: Duration,
+        ru: &libc::rusage,
+        local_mem: Option<u64>,
+    ) -> Report {
+        let mut r = Report {
+            pid,
+            status,
+            wall,
+            peak_rss: ru.ru_maxrss as u64 * 1024,
+            local_mem,
+            main: None,
+            others: BTreeMap::new(),
+            n_others: 0,
+            backend: String::new(),
+        };
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return r;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(p) = name
+                .strip_suffix(".json")
+                .and_then(|s| s.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            let Ok(text) = std::fs::read_to_string(e.path()) else {
+                continue;
+            };
+            let Ok(Value::Object(v)) = serde_json::from_str::<Value>(&text) else {
+                continue;
+            };
+            let stats = v
+                .get("stats")
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default();
+            if p == pid {
+                r.backend = v
+                    .get("backend")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .into();
+                r.main = Some(stats);
+            } else {
+                r.n_others += 1;
+                for (k, val) in stats {
+                    *r.others.entry(k).or_default() += val.as_u64().unwrap_or(0);
+                }
+            }
+        }
+        r
+    }
+
+    fn outcome(&self) -> String {
+        if libc::WIFEXITED(self.status) {
+            format!("exit status {}", libc::WEXITSTATUS(self.status))
+        } else if libc::WIFSIGNALED(self.status) {
+            format!("killed by signal {}", libc::WTERMSIG(self.status))
+        } else {
+            format!("wait status {:#x}", self.status)
+        }
+    }
+
+    pub fn human(&self) -> String {
+        let mut o = String::new();
+        let _ = writeln!(
+            o,
+            "farmem run: {} after {:.2} s",
+            self.outcome(),
+            self.wall.as_secs_f64()
+        );
+        let Some(m) = &self.main else {
+            let _ = writeln!(
+                o,
+                "  no statistics: the program ended without running its exit handlers \
+                 (killed, or _exit)"
+            );
+            let _ = writeln!(
+                o,
+                "  peak resident set      {:>10.1} MiB",
+                mib(self.peak_rss)
+            );
+            return o;
+        };
+        let pages = |k: &str| stat(m, k);
+        let _ = writeln!(
+            o,
+            "  local budget           {:>10.1} MiB   backend {}",
+            mib(stat(m, "budget_bytes")),
+            self.backend
+        );
+        let _ = writeln!(
+            o,
+            "  peak far-heap resident {:>10.1} MiB   peak resident set (whole process) {:.1} MiB",
+            mib(pages("peak_resident_pages") * 4096),
+            mib(self.peak_rss)
+        );
+        let _ = writeln!(
+            o,
+            "  faults                 {:>10} unhinted  {} hinted (hints that fetched)",
+            pages("unhinted_faults"),
+            pages("hint_misses")
+        );
+        let _ = writeln!(
+            o,
+            "  pages                  {:>10} fetched  {} zero-filled  {} evicted  {} written back",
+            pages("pages_fetched"),
+            pages("zero_fills"),
+            pages("pages_evicted"),
+            pages("pages_written_back")
+        );
+        let _ = writeln!(
+            o,
+            "  bytes moved            {:>10.1} MiB read  {:.1} MiB written",
+            mib(pages("bytes_read")),
+            mib(pages("bytes_written"))
+        );
+        let _ = writeln!(
+            o,
+            "  time in faults         {:>10.3} s (fetching, all threads)",
+            pages("fetch_ns_total") as f64 / 1e9
+        );
+        if pages("fork_fetched_pages") > 0 {
+            let _ = writeln!(
+                o,
+                "  fork                   {:>10} far pages brought back for forked children",
+                pages("fork_fetched_pages")
+            );
+        }
+        if pages("over_budget_pages") > 0 {
+            let _ = writeln!(
+                o,
+                "  far memory refused     {:>10} pages kept local beyond the budget",
+                pages("over_budget_pages")
+            );
+        }
+        if self.n_others > 0 {
+            let _ = writeln!(
+                o,
+                "  + {} other process(es) it executed: {} faults, {:.1} MiB moved",
+                self.n_others,
+                self.others.get("unhinted_faults").copied().unwrap_or(0),
+                mib(self.others.get("bytes_read").copied().unwrap_or(0)
+                    + self.others.get("bytes_written").copied().unwrap_or(0))
+            );
+        }
+        o
+    }
+
+    pub fn json(&self) -> String {
+        let v = json!({
+            "pid": self.pid,
+            "outcome": self.outcome(),
+            "exit_code": libc::WIFEXITED(self.status).then(|| libc::WEXITSTATUS(self.status)),
+            "signal": libc::WIFSIGNALED(self.status).then(|| libc::WTERMSIG(self.status)),
+            "wall_s": self.wall.as_secs_f64(),
+            "local_mem_bytes": self.local_mem,
+            "peak_rss_bytes": self.peak_rss,
+            "backend": self.backend,
+            "stats": self.main,
+            "other_processes": self.n_others,
+            "other_stats": self.others,
+        });
+        serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"
+    }
+}
