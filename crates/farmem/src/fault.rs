@@ -217,6 +217,15 @@ pub(crate) fn fault_thread(inner: Arc<Inner>) {
         }
         // SAFETY: `fds` is a valid array of two pollfd structs.
         unsafe { libc::poll(fds.as_mut_ptr(), 2, 1000) };
+        if fds[0].revents & libc::POLLNVAL != 0 && !inner.shutdown.load(Ordering::Acquire) {
+            // The program closed our userfaultfd (daemons that close every descriptor do):
+            // the kernel now fills far pages with zeros. Stopping is the only honest choice.
+            crate::fatal(
+                "the program closed farmem's userfaultfd descriptor; far pages can no longer \
+                 be fetched (programs that close all their file descriptors cannot run on \
+                 far memory)",
+            );
+        }
         fds[0].revents = 0;
         fds[1].revents = 0;
     }
