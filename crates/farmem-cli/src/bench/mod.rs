@@ -1,6 +1,8 @@
 //! `farmem bench`: measurements that put competitors side by side in one run (these machines
 //! are shared and noisy: only same-run ratios and medians mean something).
 
+mod memcached_client;
+mod programs;
 mod scan;
 mod server;
 mod spawn;
@@ -23,6 +25,12 @@ enum Cmd {
     /// The memory server and TCP backend alone: batched read throughput (1 and 2 clients),
     /// demand-read latency, and fair sharing between two tenants (weights 1:1 and 2:1).
     Server(server::Args),
+    /// Unmodified programs (python3, sort, sqlite3, memcached) natively, under `farmem run`
+    /// at shares of their peak memory, and under Linux swap to zram with the same limit.
+    Programs(programs::Args),
+    /// (internal) The load client of the memcached workload.
+    #[command(hide = true)]
+    MemcachedClient(memcached_client::Args),
     /// (internal) One tenant's load process for `farmem bench server`.
     #[command(hide = true)]
     Load(server::LoadArgs),
@@ -36,6 +44,8 @@ pub fn run(a: Args) -> Result<()> {
         None => scan::run(a.scan),
         Some(Cmd::Server(s)) => server::run(s),
         Some(Cmd::Load(l)) => server::load(l),
+        Some(Cmd::Programs(p)) => programs::run(p),
+        Some(Cmd::MemcachedClient(m)) => memcached_client::run(m),
         Some(Cmd::NativeScan(n)) => scan::native_scan(n),
     }
 }
