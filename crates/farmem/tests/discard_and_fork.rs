@@ -35,11 +35,18 @@ fn discarded_pages_read_zero_and_the_rest_is_intact() {
     // A range mixing far pages (the start, evicted first) and local ones (the end).
     let (lo, hi) = (100, PAGES - 50);
     let local_before = rt.stats().resident_pages;
-    rt.discard(region.as_ptr() as usize + lo * PAGE_SIZE, (hi - lo) * PAGE_SIZE);
+    rt.discard(
+        region.as_ptr() as usize + lo * PAGE_SIZE,
+        (hi - lo) * PAGE_SIZE,
+    );
     assert!(rt.stats().resident_pages <= local_before);
     assert_eq!(rt.stats().pages_discarded, (hi - lo) as u64);
     for p in 0..PAGES {
-        let want = if (lo..hi).contains(&p) { 0 } else { mix(p as u64 ^ (1 << 40)) };
+        let want = if (lo..hi).contains(&p) {
+            0
+        } else {
+            mix(p as u64 ^ (1 << 40))
+        };
         assert_eq!(read(&region, p), want, "page {p} after discard");
     }
     // Written again after the discard, evicted and fetched: the new contents, never the old.
@@ -48,7 +55,11 @@ fn discarded_pages_read_zero_and_the_rest_is_intact() {
     }
     for p in 0..PAGES {
         let gen = if (lo..hi).contains(&p) { 2 } else { 1 };
-        assert_eq!(read(&region, p), mix(p as u64 ^ (gen << 40)), "page {p} rewritten");
+        assert_eq!(
+            read(&region, p),
+            mix(p as u64 ^ (gen << 40)),
+            "page {p} rewritten"
+        );
     }
 }
 
@@ -60,7 +71,10 @@ fn forked_child_sees_far_pages() {
         stamp(&region, p, 3);
     }
     let evicted = rt.stats().pages_evicted;
-    assert!(evicted > PAGES as u64 / 2, "most pages should be far ({evicted} evicted)");
+    assert!(
+        evicted > PAGES as u64 / 2,
+        "most pages should be far ({evicted} evicted)"
+    );
     // SAFETY: the child only reads memory and calls _exit (no allocation, no locks).
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0, "fork failed");
@@ -82,11 +96,22 @@ fn forked_child_sees_far_pages() {
     // SAFETY: waiting for our own child.
     unsafe { libc::waitpid(pid, &mut status, 0) };
     assert!(libc::WIFEXITED(status), "child died: status {status:#x}");
-    assert_eq!(libc::WEXITSTATUS(status), 0, "pages the child saw wrong (capped at 100)");
-    assert!(rt.stats().fork_fetched_pages > 0, "the fork brought nothing back");
+    assert_eq!(
+        libc::WEXITSTATUS(status),
+        0,
+        "pages the child saw wrong (capped at 100)"
+    );
+    assert!(
+        rt.stats().fork_fetched_pages > 0,
+        "the fork brought nothing back"
+    );
     // The parent is unaffected and goes back under its budget.
     for p in 0..PAGES {
-        assert_eq!(read(&region, p), mix(p as u64 ^ (3 << 40)), "parent page {p}");
+        assert_eq!(
+            read(&region, p),
+            mix(p as u64 ^ (3 << 40)),
+            "parent page {p}"
+        );
     }
     let s = rt.stats();
     assert!(
