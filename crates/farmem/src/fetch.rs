@@ -124,6 +124,7 @@ fn addr_of(vpn: usize) -> usize {
 
 /// Make `[first, first+count)` present (and writable if asked), plus best-effort read-ahead.
 pub(crate) fn ensure(inner: &Inner, reg: &RegionInfo, req: &Request) -> Result<Outcome> {
+    let _local = crate::preload::LocalScope::enter();
     let mut out = Outcome::default();
     let end = req.first + req.count;
     let mut vpn = req.first;

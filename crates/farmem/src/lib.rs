@@ -45,7 +45,9 @@ pub use stats::StatsSnapshot;
 pub use sys::mem::PAGE_SIZE;
 
 /// Start one of the runtime's own threads. Its allocations stay in local memory even when
-/// the program's heap is far (a fault thread must never fault on its own data).
+/// the program's heap is far (a fault thread must never fault on its own data), and it
+/// blocks every asynchronous signal: a handler of the program that touched far memory on
+/// the fault thread would wait for itself.
 pub(crate) fn spawn_runtime_thread<F>(
     name: String,
     f: F,
@@ -55,6 +57,13 @@ where
 {
     std::thread::Builder::new().name(name).spawn(move || {
         preload::keep_local_on_this_thread();
+        // SAFETY: sigfillset initializes the set; pthread_sigmask changes only this thread's
+        // mask (the kernel ignores SIGKILL and SIGSTOP in it; synchronous faults still kill).
+        unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+        }
         f()
     })
 }

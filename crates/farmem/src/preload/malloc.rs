@@ -20,7 +20,10 @@ use crate::sys::mem::PAGE_SIZE;
 
 /// Blocks at least this large are served page-granular from the direct part.
 const LARGE: usize = 1 << 20;
-/// Blocks smaller than this get no extra room to grow into (it would exceed the block).
+/// mimalloc aligns blocks in its arenas up to its slice size; larger alignments (which it
+/// would serve from the OS, and may not here) are served page-granular.
+const MI_MAX_ALIGN: usize = 64 << 10;
+/// Blocks this large (16 GiB) get no extra address space to grow into.
 const MAX_ROOM: usize = 1 << 34;
 
 extern "C" {
@@ -136,18 +139,18 @@ fn large_resize_in_place(p: usize, new_size: usize) -> bool {
     true
 }
 
-/// A block from mimalloc, giving it another arena when the ones it has are full.
+/// A block from mimalloc, giving it another arena when the ones it has are full (once: a
+/// request that fails in a fresh arena would fail in any).
 fn mi_alloc(f: impl Fn() -> *mut c_void) -> *mut c_void {
-    loop {
-        let p = in_allocator(&f);
-        if !p.is_null() || !mi::add_arena() {
-            return p;
-        }
+    let p = in_allocator(&f);
+    if !p.is_null() || !mi::add_arena() {
+        return p;
     }
+    in_allocator(&f)
 }
 
 fn far_alloc(size: usize, align: usize) -> *mut c_void {
-    let p = if size >= LARGE || align > LARGE {
+    let p = if size >= LARGE || align > MI_MAX_ALIGN {
         large_alloc(size, align)
     } else if align <= 16 {
         // SAFETY: plain call into mimalloc.

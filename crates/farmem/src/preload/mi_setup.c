@@ -13,7 +13,8 @@ void fm_mi_configure(void) {
     mi_option_set(mi_option_reserve_os_memory, 0);
     mi_option_set(mi_option_allow_large_os_pages, 0);
     mi_option_set(mi_option_allow_thp, 0);
-    mi_option_set(mi_option_show_errors, 1);
+    /* Failures become NULL and ENOMEM for the program, as with any malloc. */
+    mi_option_set(mi_option_show_errors, 0);
 }
 
 /* One more arena (at most 8 GiB: mimalloc's per-arena bookkeeping must fit in 32 MiB). */

@@ -61,6 +61,31 @@ pub(crate) fn keep_local_on_this_thread() {
     IN_ALLOCATOR.with(|c| c.set(true));
 }
 
+/// While alive, the calling thread's allocations stay local. The runtime takes one whenever
+/// it works on a program thread (a hint, a fetch, a discard, a fork): it may hold page locks
+/// there, and an allocation glibc makes on its behalf (a thread-local destructor's record,
+/// say) must not land on a far page it holds locked itself.
+pub(crate) struct LocalScope {
+    was: bool,
+}
+
+impl LocalScope {
+    #[inline]
+    pub(crate) fn enter() -> LocalScope {
+        LocalScope {
+            was: IN_ALLOCATOR.with(|c| c.replace(true)),
+        }
+    }
+}
+
+impl Drop for LocalScope {
+    #[inline]
+    fn drop(&mut self) {
+        let was = self.was;
+        IN_ALLOCATOR.with(|c| c.set(was));
+    }
+}
+
 /// Run `f` marked as allocator-internal.
 #[inline]
 fn in_allocator<T>(f: impl FnOnce() -> T) -> T {

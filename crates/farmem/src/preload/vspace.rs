@@ -139,6 +139,8 @@ impl Space {
 
     /// Make every chunk that `[a, a+len)` touches usable.
     pub fn ensure_usable(&mut self, a: usize, len: usize) -> Result<(), String> {
+        // Called with SPACE held: an allocation glibc makes meanwhile must not come back here.
+        let _local = super::LocalScope::enter();
         let base = self.base;
         let first = (a - base) / CHUNK;
         let last = (a + len - base).div_ceil(CHUNK);
