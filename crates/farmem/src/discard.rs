@@ -17,7 +17,7 @@ const STEP: usize = 4096;
 /// Discard `[first, end)` (virtual page numbers), which must lie inside live regions of
 /// `inner`. Returns the number of pages that were local.
 pub(crate) fn discard_pages(inner: &Inner, first: usize, end: usize) -> usize {
-    let _local = crate::preload::LocalScope::enter();
+    let _scope = crate::preload::RuntimeScope::enter();
     // Read-ahead in flight holds pages of the range locked: finish it first.
     crate::prefetch::complete_range(inner, first, end);
     let me = owner_id();

@@ -58,7 +58,7 @@ fn no_unwind(what: &str, f: impl FnOnce()) {
 }
 
 extern "C" fn prepare() {
-    let _local = crate::preload::LocalScope::enter();
+    let _scope = crate::preload::RuntimeScope::enter();
     no_unwind("prepare", || {
         if in_child() {
             return; // a child of a child: nothing is far here

@@ -88,7 +88,7 @@ pub fn hint_slow(addr: usize, len: usize, flags: u32, rdahead: i32, ev_prio: u8)
     let Some((inner, reg)) = runtime::lookup(addr) else {
         return;
     };
-    let _local = crate::preload::LocalScope::enter();
+    let _scope = crate::preload::RuntimeScope::enter();
     add(&inner.stats.c.hint_calls, 1);
     // Clip the range to the region (a huge length is not an error, just more than exists),
     // and to a quarter of the budget so one hint cannot thrash the whole local memory.

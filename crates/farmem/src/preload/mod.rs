@@ -86,6 +86,40 @@ impl Drop for LocalScope {
     }
 }
 
+/// A program thread inside the runtime (a hint's fetch, a discard, a fork's preparation):
+/// allocations stay local, and asynchronous signals wait until it leaves. The thread may
+/// hold page locks and a backend connection; a handler of the program that touched one of
+/// those pages would wait for the very thread it interrupted.
+pub(crate) struct RuntimeScope {
+    _local: LocalScope,
+    old_mask: libc::sigset_t,
+}
+
+impl RuntimeScope {
+    pub(crate) fn enter() -> RuntimeScope {
+        // SAFETY: sigfillset initializes the set; pthread_sigmask changes this thread's mask
+        // and stores the previous one in `old` (synchronous faults are still delivered).
+        let old_mask = unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+            old
+        };
+        RuntimeScope {
+            _local: LocalScope::enter(),
+            old_mask,
+        }
+    }
+}
+
+impl Drop for RuntimeScope {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask saved by `enter` on this same thread.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old_mask, std::ptr::null_mut()) };
+    }
+}
+
 /// Run `f` marked as allocator-internal.
 #[inline]
 fn in_allocator<T>(f: impl FnOnce() -> T) -> T {
