@@ -9,12 +9,14 @@
 use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::c_void;
 
+// glibc's allocator under its internal names (also what the transparent mode's `malloc`
+// forwards to for memory it does not manage).
 extern "C" {
-    fn __libc_malloc(size: usize) -> *mut c_void;
-    fn __libc_calloc(n: usize, size: usize) -> *mut c_void;
-    fn __libc_realloc(p: *mut c_void, size: usize) -> *mut c_void;
-    fn __libc_memalign(align: usize, size: usize) -> *mut c_void;
-    fn __libc_free(p: *mut c_void);
+    pub(crate) fn __libc_malloc(size: usize) -> *mut c_void;
+    pub(crate) fn __libc_calloc(n: usize, size: usize) -> *mut c_void;
+    pub(crate) fn __libc_realloc(p: *mut c_void, size: usize) -> *mut c_void;
+    pub(crate) fn __libc_memalign(align: usize, size: usize) -> *mut c_void;
+    pub(crate) fn __libc_free(p: *mut c_void);
 }
 
 /// glibc's `malloc` returns 16-byte aligned memory on x86-64.

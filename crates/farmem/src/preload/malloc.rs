@@ -26,13 +26,9 @@ const MI_MAX_ALIGN: usize = 64 << 10;
 /// Blocks this large (16 GiB) get no extra address space to grow into.
 const MAX_ROOM: usize = 1 << 34;
 
-extern "C" {
-    fn __libc_malloc(size: usize) -> *mut c_void;
-    fn __libc_calloc(n: usize, size: usize) -> *mut c_void;
-    fn __libc_realloc(p: *mut c_void, size: usize) -> *mut c_void;
-    fn __libc_memalign(align: usize, size: usize) -> *mut c_void;
-    fn __libc_free(p: *mut c_void);
-}
+use crate::local_alloc::{
+    __libc_calloc, __libc_free, __libc_malloc, __libc_memalign, __libc_realloc,
+};
 
 /// glibc's `malloc_usable_size` (found with dlsym, since ours shadows it).
 static LIBC_USABLE_SIZE: AtomicUsize = AtomicUsize::new(0);
