@@ -1,0 +1,323 @@
+//! `farmem run` on unmodified C programs (tests/programs/*.c) whose heap is much larger than
+//! the local budget: fork without exec, threads, signal handlers, exit while busy, the mmap
+//! family. Each program verifies its own data and exits non-zero with a message on its first
+//! mismatch; here we check that it exited 0 (within a time limit: a hang is a failure), and
+//! from `--stats-json` that pages really were evicted.
+//!
+//! Needs `cc` and a release build of libfarmem.so next to the farmem binary
+//! (`cargo build --release`).
+
+use std::io::Read;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+mod support;
+
+/// A program that has not finished by then is taken to hang, and fails the test.
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A scratch directory for one test, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let d = std::env::temp_dir().join(format!("farmem-run-c-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Scratch(d)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Compile tests/programs/NAME.c into the scratch directory.
+fn compile(name: &str, dir: &Scratch) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/programs")
+        .join(format!("{name}.c"));
+    let exe = dir.path(name);
+    let out = Command::new("cc")
+        .args(["-O2", "-pthread", "-Wall", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("running cc");
+    assert!(
+        out.status.success(),
+        "compiling {}:\n{}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+struct Outcome {
+    cmd: String,
+    status: Option<ExitStatus>,
+    stdout: String,
+    stderr: String,
+    stats: Option<Value>,
+}
+
+impl Outcome {
+    /// Everything worth seeing when a run went wrong.
+    fn describe(&self) -> String {
+        let how = match self.status {
+            None => format!("did not finish within {} s (hang?)", TIMEOUT.as_secs()),
+            Some(s) => match (s.code(), s.signal()) {
+                (Some(c), _) => format!("exited with status {c}"),
+                (_, Some(sig)) => format!("was killed by signal {sig}"),
+                _ => format!("ended with {s:?}"),
+            },
+        };
+        format!(
+            "`{}` {how}\n--- its stderr ---\n{}\n--- its stdout ---\n{}",
+            self.cmd, self.stderr, self.stdout
+        )
+    }
+
+    fn assert_success(&self) {
+        assert!(
+            self.status.is_some_and(|s| s.success()),
+            "{}",
+            self.describe()
+        );
+    }
+
+    /// A counter of the program's runtime statistics (from --stats-json).
+    fn stat(&self, key: &str) -> u64 {
+        let s = self.stats.as_ref().unwrap_or_else(|| {
+            panic!("no --stats-json output\n{}", self.describe());
+        });
+        s["stats"][key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no stats.{key} in the JSON report: {s}"))
+    }
+}
+
+/// `farmem run --local-mem LOCAL --stats-json F -- PROG ARGS...`, killed (with everything it
+/// started: it runs in its own process group) if it is still running after [`TIMEOUT`].
+fn farmem_run(scratch: &Scratch, local: &str, prog: &Path, args: &[&str]) -> Outcome {
+    farmem_run_with(scratch, &["--local-mem", local], &[], prog, args)
+}
+
+/// As [`farmem_run`], with these options of `farmem run` and environment variables.
+fn farmem_run_with(
+    scratch: &Scratch,
+    opts: &[&str],
+    env: &[(&str, &str)],
+    prog: &Path,
+    args: &[&str],
+) -> Outcome {
+    let json = scratch.path(&format!(
+        "stats-{}.json",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_farmem"));
+    cmd.arg("run")
+        .args(opts)
+        .arg("--stats-json")
+        .arg(&json)
+        .envs(env.iter().copied())
+        .arg("--")
+        .arg(prog)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let desc = format!(
+        "farmem run {} -- {} {}",
+        opts.join(" "),
+        prog.display(),
+        args.join(" ")
+    );
+    let mut child = cmd.spawn().expect("starting farmem run");
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let out_t = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let err_t = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let t0 = Instant::now();
+    let pid = child.id() as i32;
+    let timed_out = loop {
+        // Wait for the end without reaping, so that the process group (named by this pid)
+        // cannot be anyone else's when it is killed below.
+        // SAFETY: siginfo_t is plain old data; waitid on our own child with a valid pointer.
+        let ended = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let r = libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            );
+            r == 0 && info.si_pid() == pid
+        };
+        if ended {
+            break false;
+        }
+        if t0.elapsed() > TIMEOUT {
+            break true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Whatever is left of the program: all of it on a timeout; normally nothing (a forked
+    // child it left behind would keep the output pipes open).
+    // SAFETY: signalling the process group made for this run (process_group(0) above); its
+    // leader is not reaped yet, so the group is still ours.
+    unsafe { libc::kill(-pid, libc::SIGKILL) };
+    let status = child.wait().expect("waiting for farmem run");
+    let status = (!timed_out).then_some(status);
+    let stdout = String::from_utf8_lossy(&out_t.join().unwrap()).into_owned();
+    let stderr = String::from_utf8_lossy(&err_t.join().unwrap()).into_owned();
+    let stats = std::fs::read_to_string(&json)
+        .ok()
+        .map(|t| serde_json::from_str(&t).expect("--stats-json is valid JSON"));
+    Outcome {
+        cmd: desc,
+        status,
+        stdout,
+        stderr,
+        stats,
+    }
+}
+
+/// fork() without exec: the child must see every page of the parent's heap, including the
+/// ones that were in far memory at the moment of the fork, and the two copies must stay
+/// independent.
+fn fork_test(mode: &str) {
+    let dir = Scratch::new(&format!("fork-{mode}"));
+    let prog = compile("fork", &dir);
+    let r = farmem_run(&dir, "32M", &prog, &[mode]);
+    r.assert_success();
+    let evicted = r.stat("pages_evicted");
+    let fork_fetched = r.stat("fork_fetched_pages");
+    eprintln!("fork {mode}: {evicted} pages evicted, {fork_fetched} brought back for forks");
+    assert!(evicted > 0, "nothing was evicted\n{}", r.describe());
+    assert!(
+        fork_fetched > 0,
+        "no far page was brought back for the child: the test did not cover evicted pages\n{}",
+        r.describe()
+    );
+}
+
+#[test]
+fn fork_child_sees_the_evicted_heap_and_copies_stay_independent() {
+    fork_test("simple");
+}
+
+#[test]
+fn forked_child_allocates_frees_and_forks_a_grandchild() {
+    fork_test("nested");
+}
+
+#[test]
+fn eight_threads_allocate_reallocate_and_free_under_a_small_budget() {
+    let dir = Scratch::new("threads");
+    let prog = compile("threads", &dir);
+    let r = farmem_run(&dir, "16M", &prog, &["8", "1000"]);
+    r.assert_success();
+    assert!(r.stat("pages_evicted") > 0, "{}", r.describe());
+    assert!(r.stat("pages_fetched") > 0, "{}", r.describe());
+}
+
+#[test]
+fn signal_handlers_read_far_memory_without_deadlock() {
+    let dir = Scratch::new("signals");
+    let prog = compile("signals", &dir);
+    let r = farmem_run(&dir, "16M", &prog, &["2000"]);
+    r.assert_success();
+    eprint!("{}", r.stderr);
+    assert!(r.stat("pages_evicted") > 0, "{}", r.describe());
+}
+
+#[test]
+fn exit_while_threads_hammer_the_heap_ends_promptly_with_status_0() {
+    let dir = Scratch::new("exit-busy");
+    let prog = compile("exit_busy", &dir);
+    let mut evicted = 0;
+    for run in 0..20 {
+        // Every fourth run exits from a worker thread while main waits in pthread_join.
+        let from = if run % 4 == 3 { "thread" } else { "main" };
+        let r = farmem_run(&dir, "16M", &prog, &[&run.to_string(), from]);
+        if !r.status.is_some_and(|s| s.success()) {
+            panic!("run {run} of 20: {}", r.describe());
+        }
+        // The report is written by the exit handlers, which ran with the workers still busy.
+        let json = r.stats.as_ref().expect("--stats-json written");
+        assert_eq!(json["exit_code"], 0, "{json}");
+        evicted += r.stat("pages_evicted");
+    }
+    assert!(
+        evicted > 0,
+        "the runs never evicted: the runtime was not busy"
+    );
+}
+
+#[test]
+fn mmap_munmap_mremap_madvise_and_file_mappings_under_a_small_budget() {
+    let dir = Scratch::new("mmap");
+    let prog = compile("mmap", &dir);
+    let d = dir.0.to_str().unwrap().to_string();
+    let r = farmem_run(&dir, "16M", &prog, &[&d]);
+    r.assert_success();
+    assert!(r.stat("pages_evicted") > 0, "{}", r.describe());
+}
+
+/// The program's stderr is its own: a heap growing to several GiB of address space (more
+/// than one arena of the small-object allocator) adds nothing to it.
+#[test]
+fn a_heap_growing_past_gibibytes_adds_nothing_to_stderr() {
+    let dir = Scratch::new("grow");
+    let prog = compile("grow", &dir);
+    let r = farmem_run(&dir, "16M", &prog, &["3"]);
+    r.assert_success();
+    assert!(
+        r.stderr.is_empty(),
+        "the runtime wrote to the program's stderr:\n{}",
+        r.describe()
+    );
+}
+
+/// The threads program again with --prefault (allocations of up to 64 KiB are made present by
+/// the allocating thread itself, through the runtime's fetch path) and far memory on a
+/// `farmem server` (completions arrive on the connection threads).
+#[test]
+fn threads_with_prefault_over_a_memory_server() {
+    let server = support::Server::shared("run-c-programs-secret");
+    let dir = Scratch::new("threads-tcp");
+    let prog = compile("threads", &dir);
+    let backend = format!("tcp://{}", server.addr);
+    let r = farmem_run_with(
+        &dir,
+        &["--local-mem", "16M", "--prefault", "--backend", &backend],
+        &[("FARMEM_TOKEN", "run-c-programs-secret")],
+        &prog,
+        &["8", "300"],
+    );
+    r.assert_success();
+    assert!(r.stat("pages_evicted") > 0, "{}", r.describe());
+}
