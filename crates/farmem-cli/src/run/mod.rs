@@ -69,7 +69,8 @@ pub struct Args {
     cmd: Vec<OsString>,
 }
 
-/// Find libfarmem.so: next to this binary (a cargo build), or in ../lib (an install).
+/// Find libfarmem.so: next to this binary or in its deps/ (a cargo build), or in ../lib (an
+/// install).
 fn find_lib(explicit: Option<&Path>) -> Result<PathBuf> {
     if let Some(p) = explicit {
         if p.is_file() {
@@ -79,10 +80,18 @@ fn find_lib(explicit: Option<&Path>) -> Result<PathBuf> {
     }
     let exe = std::env::current_exe().context("locating the farmem binary")?;
     let dir = exe.parent().unwrap_or(Path::new("."));
-    for cand in [dir.join("libfarmem.so"), dir.join("../lib/libfarmem.so")] {
-        if cand.is_file() {
-            return Ok(cand.canonicalize()?);
-        }
+    // A cargo build puts the library next to the binary; `cargo test` leaves it in deps/
+    // only (and may have rebuilt it there after an older `cargo build`): take the newest.
+    let newest = [dir.join("libfarmem.so"), dir.join("deps/libfarmem.so")]
+        .into_iter()
+        .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p)))
+        .max_by_key(|(t, _)| *t);
+    if let Some((_, p)) = newest {
+        return Ok(p.canonicalize()?);
+    }
+    let installed = dir.join("../lib/libfarmem.so");
+    if installed.is_file() {
+        return Ok(installed.canonicalize()?);
     }
     bail!(
         "libfarmem.so not found next to {} (build it with `cargo build --release`, or pass \
