@@ -302,9 +302,10 @@ fn a_heap_growing_past_gibibytes_adds_nothing_to_stderr() {
     );
 }
 
-/// The threads program again with --prefault (allocations of up to 64 KiB are made present by
-/// the allocating thread itself, through the runtime's fetch path) and far memory on a
-/// `farmem server` (completions arrive on the connection threads).
+/// The threads program again, with blocks of up to 64 KiB that --prefault makes present at
+/// allocation time (the allocating thread runs the runtime's fetch path itself, evicting when
+/// the budget is full), and far memory on a `farmem server` (write-backs complete on the
+/// connection threads).
 #[test]
 fn threads_with_prefault_over_a_memory_server() {
     let server = support::Server::shared("run-c-programs-secret");
@@ -313,11 +314,12 @@ fn threads_with_prefault_over_a_memory_server() {
     let backend = format!("tcp://{}", server.addr);
     let r = farmem_run_with(
         &dir,
-        &["--local-mem", "16M", "--prefault", "--backend", &backend],
+        &["--local-mem", "4M", "--prefault", "--backend", &backend],
         &[("FARMEM_TOKEN", "run-c-programs-secret")],
         &prog,
-        &["8", "300"],
+        &["8", "3000", "16"],
     );
     r.assert_success();
     assert!(r.stat("pages_evicted") > 0, "{}", r.describe());
+    assert!(r.stat("pages_fetched") > 0, "{}", r.describe());
 }

@@ -17,6 +17,7 @@ mod malloc;
 mod mi;
 mod mmap;
 mod report;
+mod threads;
 pub mod vspace;
 
 use std::cell::Cell;
