@@ -55,25 +55,14 @@ pub(crate) fn spawn_runtime_thread<F>(
 where
     F: FnOnce() + Send + 'static,
 {
-    // Block every signal in this thread while spawning, so that the new thread starts with
-    // them blocked (it inherits the mask): a process-directed signal must never land on a
-    // runtime thread, not even in its first instructions. The old mask is restored after.
-    // SAFETY: sigfillset initializes the set; pthread_sigmask changes this thread's mask and
-    // saves the previous one, which is restored below.
-    let old = unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
-        old
-    };
-    let r = std::thread::Builder::new().name(name).spawn(move || {
+    // Every signal is blocked in this thread while spawning, so that the new thread starts
+    // with them blocked (it inherits the mask): a process-directed signal must never land on
+    // a runtime thread, not even in its first instructions.
+    let _blocked = sys::signals::BlockAll::enter();
+    std::thread::Builder::new().name(name).spawn(move || {
         preload::keep_local_on_this_thread();
         f()
-    });
-    // SAFETY: restores the mask saved above on this same thread.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
-    r
+    })
 }
 
 /// Stop the program with a message naming the cause. Used where continuing would mean

@@ -92,32 +92,18 @@ impl Drop for LocalScope {
 /// hold page locks and a backend connection; a handler of the program that touched one of
 /// those pages would wait for the very thread it interrupted.
 pub(crate) struct RuntimeScope {
+    // Dropped in this order: signals come back after allocations are the program's again.
     _local: LocalScope,
-    old_mask: libc::sigset_t,
+    _signals: crate::sys::signals::BlockAll,
 }
 
 impl RuntimeScope {
     pub(crate) fn enter() -> RuntimeScope {
-        // SAFETY: sigfillset initializes the set; pthread_sigmask changes this thread's mask
-        // and stores the previous one in `old` (synchronous faults are still delivered).
-        let old_mask = unsafe {
-            let mut all: libc::sigset_t = std::mem::zeroed();
-            let mut old: libc::sigset_t = std::mem::zeroed();
-            libc::sigfillset(&mut all);
-            libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
-            old
-        };
+        let signals = crate::sys::signals::BlockAll::enter();
         RuntimeScope {
             _local: LocalScope::enter(),
-            old_mask,
+            _signals: signals,
         }
-    }
-}
-
-impl Drop for RuntimeScope {
-    fn drop(&mut self) {
-        // SAFETY: restores the mask saved by `enter` on this same thread.
-        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old_mask, std::ptr::null_mut()) };
     }
 }
 
