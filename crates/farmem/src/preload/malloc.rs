@@ -11,7 +11,7 @@
 //! never written back to far memory.
 
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 
 use super::mi;
 use super::vspace::{self, Part};
@@ -38,15 +38,7 @@ pub fn init() {
 }
 
 fn libc_usable_size_fn() -> usize {
-    let f = LIBC_USABLE_SIZE.load(Ordering::Relaxed);
-    if f != 0 {
-        return f;
-    }
-    // SAFETY: dlsym with a NUL-terminated name; RTLD_NEXT finds the definition after ours
-    // (glibc's). dlsym may call malloc, which is fine: no lock of ours is held here.
-    let f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"malloc_usable_size".as_ptr()) } as usize;
-    LIBC_USABLE_SIZE.store(f, Ordering::Relaxed);
-    f
+    super::next_symbol(&LIBC_USABLE_SIZE, c"malloc_usable_size")
 }
 
 fn prefault(p: *mut c_void, size: usize) {

@@ -120,6 +120,19 @@ fn inside_allocator() -> bool {
     IN_ALLOCATOR.with(|c| c.get())
 }
 
+/// The next definition of `name` after ours (glibc's), looked up once and cached in `slot`;
+/// 0 if there is none. dlsym may call malloc, which is fine: no lock of ours is held here.
+pub(crate) fn next_symbol(slot: &std::sync::atomic::AtomicUsize, name: &std::ffi::CStr) -> usize {
+    let f = slot.load(Ordering::Relaxed);
+    if f != 0 {
+        return f;
+    }
+    // SAFETY: dlsym with a NUL-terminated name; RTLD_NEXT searches the objects after ours.
+    let f = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
+    slot.store(f, Ordering::Relaxed);
+    f
+}
+
 pub(crate) fn set_errno(e: i32) {
     // SAFETY: __errno_location returns this thread's errno slot.
     unsafe { *libc::__errno_location() = e };

@@ -8,7 +8,7 @@
 //! allocations are the program's as usual.
 
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 
 type StartFn = extern "C" fn(*mut c_void) -> *mut c_void;
 type CreateFn = unsafe extern "C" fn(
@@ -21,14 +21,7 @@ type CreateFn = unsafe extern "C" fn(
 static REAL: AtomicUsize = AtomicUsize::new(0);
 
 fn real() -> usize {
-    let f = REAL.load(Ordering::Relaxed);
-    if f != 0 {
-        return f;
-    }
-    // SAFETY: dlsym with a NUL-terminated name; RTLD_NEXT finds glibc's definition.
-    let f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"pthread_create".as_ptr()) } as usize;
-    REAL.store(f, Ordering::Relaxed);
-    f
+    super::next_symbol(&REAL, c"pthread_create")
 }
 
 /// # Safety
