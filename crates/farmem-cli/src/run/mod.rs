@@ -106,7 +106,7 @@ fn budget(a: &Args) -> Result<Option<u64>> {
         return Ok(None);
     };
     let Some(pct) = s.trim().strip_suffix('%') else {
-        let b = farmem::config::parse_size(s)?;
+        let b = farmem::config::parse_size(s).context("--local-mem")?;
         return Ok(Some(b));
     };
     let pct: f64 = pct
@@ -225,9 +225,20 @@ pub fn run(a: Args) -> Result<()> {
 
     let forward = signals::Forwarder::install()?;
     let t0 = Instant::now();
-    let child = cmd
-        .spawn()
-        .with_context(|| format!("starting {:?}", a.cmd[0]))?;
+    let child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            // As a shell does: 127 for a program that is not there, 126 for one that cannot
+            // be executed.
+            eprintln!("farmem run: cannot start {:?}: {e}", a.cmd[0]);
+            let code = if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+            std::process::exit(code);
+        }
+    };
     let pid = child.id() as i32;
     forward.set_child(pid);
     let (status, ru) = wait_with_rusage(pid)?;
