@@ -40,6 +40,8 @@ pub struct Args {
     json: Option<PathBuf>,
 }
 
+const WORKLOADS: [&str; 5] = ["python", "python-fork", "sort", "sqlite", "memcached"];
+
 /// A program run: argv, the files it needs, and whether its result is its stdout.
 struct Workload {
     name: &'static str,
@@ -152,13 +154,11 @@ fn workload(name: &str, dir: &Path, mib: u64) -> Result<Workload> {
         other => bail!("unknown workload '{other}' (python, python-fork, sort, sqlite, memcached)"),
     };
     Ok(Workload {
-        name: match name {
-            "python" => "python",
-            "python-fork" => "python-fork",
-            "sort" => "sort",
-            "sqlite" => "sqlite",
-            _ => "memcached",
-        },
+        name: WORKLOADS
+            .iter()
+            .find(|&&w| w == name)
+            .copied()
+            .unwrap_or("memcached"),
         argv,
     })
 }

@@ -9,6 +9,7 @@
 //! `MADV_WILLNEED` fetches, `mremap` resizes or moves within it.
 
 use std::ffi::{c_int, c_void};
+use std::sync::atomic::AtomicBool;
 
 use super::vspace::{self, Part};
 use super::{active, set_errno};
@@ -31,10 +32,10 @@ fn rc(r: Result<usize, i32>) -> c_int {
     }
 }
 
-fn warn_once(what: &str) {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    static WARNED: AtomicBool = AtomicBool::new(false);
-    if !WARNED.swap(true, Ordering::Relaxed) {
+/// Print `what` once per process (each call site has its own flag, so one warning does not
+/// silence another).
+fn warn_once(flag: &std::sync::atomic::AtomicBool, what: &str) {
+    if !flag.swap(true, std::sync::atomic::Ordering::Relaxed) {
         eprintln!("farmem: warning: {what}");
     }
 }
@@ -85,12 +86,21 @@ pub unsafe extern "C" fn mmap(
             return a as *mut c_void;
         }
         // Out of far address space: an ordinary mapping is better than a failure.
-        warn_once("far address space exhausted; new mappings are ordinary memory");
+        {
+            static ONCE: AtomicBool = AtomicBool::new(false);
+            warn_once(
+                &ONCE,
+                "far address space exhausted; new mappings are ordinary memory",
+            );
+        }
     }
     let fixed = flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) != 0;
     if fixed && vspace::overlaps(addr as usize, len) {
         // Replacing part of the far address space would pull pages from under the runtime.
-        warn_once("a fixed mapping over far memory was refused");
+        {
+            static ONCE: AtomicBool = AtomicBool::new(false);
+            warn_once(&ONCE, "a fixed mapping over far memory was refused");
+        }
         return fail(libc::ENOMEM);
     }
     match mem::sys_mmap(addr as usize, len, prot, flags, fd, off) {
@@ -255,7 +265,13 @@ pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) ->
     if vspace::overlaps(a, len) && prot & libc::PROT_READ == 0 && active() {
         // The runtime copies dirty pages out by reading them: an unreadable page of far
         // memory could not be evicted. Allowed (it is the program's memory), but said.
-        warn_once("mprotect without PROT_READ on far memory; such pages must not be dirty");
+        {
+            static ONCE: AtomicBool = AtomicBool::new(false);
+            warn_once(
+                &ONCE,
+                "mprotect without PROT_READ on far memory; such pages must not be dirty",
+            );
+        }
     }
     // SAFETY: the caller's own mapping.
     rc(unsafe { mem::sys_mprotect(a, len, prot) })
