@@ -16,11 +16,12 @@ use super::swap::{SwapBaseline, SwapKind};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Workloads: python, python-fork, sort, sqlite, memcached.
+    /// Workloads: python, python-fork, sort, sqlite, memcached, c-fork (the fork test
+    /// program, compiled with cc).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "python,python-fork,sort,sqlite,memcached"
+        default_value = "python,python-fork,sort,sqlite,memcached,c-fork"
     )]
     workloads: Vec<String>,
     /// Local memory, in percent of each program's native peak.
@@ -40,7 +41,18 @@ pub struct Args {
     json: Option<PathBuf>,
 }
 
-const WORKLOADS: [&str; 5] = ["python", "python-fork", "sort", "sqlite", "memcached"];
+const WORKLOADS: [&str; 6] = [
+    "python",
+    "python-fork",
+    "sort",
+    "sqlite",
+    "memcached",
+    "c-fork",
+];
+
+/// The C program of the fork test: builds a heap, lets most of it be evicted, forks without
+/// exec, and parent and child verify all of it.
+const FORK_C: &str = include_str!("../../tests/programs/fork.c");
 
 /// A program run: argv, the files it needs, and whether its result is its stdout.
 struct Workload {
@@ -51,7 +63,7 @@ struct Workload {
 const PY_BUILD: &str = r#"
 import hashlib, sys
 mib = int(sys.argv[1])
-n = mib * 1024 * 1024 // 600
+n = mib * 1024 * 1024 // 240
 h = hashlib.sha256()
 lists = [[i, i * 7, str(i)] for i in range(n // 4)]
 d = {i: (i * 31) % 1000003 for i in range(n // 4)}
@@ -65,7 +77,7 @@ print(len(lists), len(d), len(blobs), h.hexdigest())
 const PY_FORK: &str = r#"
 import hashlib, sys, multiprocessing as mp
 mib = int(sys.argv[1])
-data = [bytes((i % 251,)) * 4096 for i in range(mib * 256 * 3 // 4)]
+data = [bytes((i % 251,)) * 4096 for i in range(mib * 256 * 7 // 8)]
 def part(r):
     h = hashlib.sha256()
     for i in range(*r): h.update(data[i])
@@ -142,23 +154,43 @@ fn workload(name: &str, dir: &Path, mib: u64) -> Result<Workload> {
             need("/usr/bin/memcached", "memcached")?;
             let me = std::env::current_exe()?;
             let keys = mib * 1024 / 100; // 100 KiB values
-                                         // The load client runs without farmem (it is not the program under test).
+                                         // The load client runs without farmem (it is not the program under test);
+                                         // memcached is killed once the client is done: its orderly shutdown takes ~1 s of
+                                         // sleeping that would swamp the measurement.
             sh(format!(
                 "P=$((20000 + $$ % 20000)); /usr/bin/memcached -u root -U 0 -l 127.0.0.1 -p $P \
                  -m {} -t 2 -I 2m & M=$!; env -u LD_PRELOAD -u FARMEM_PRELOAD {} bench \
-                 memcached-client --port $P --keys {keys}; R=$?; kill $M; wait $M; exit $R",
+                 memcached-client --port $P --keys {keys}; R=$?; kill -KILL $M; wait $M; exit $R",
                 mib * 2,
                 me.display()
             ))
         }
-        other => bail!("unknown workload '{other}' (python, python-fork, sort, sqlite, memcached)"),
+        "c-fork" => {
+            let src = write(dir, "fork.c", FORK_C)?;
+            let exe = dir.join("fork");
+            let st = Command::new("cc")
+                .args(["-O2", "-o"])
+                .arg(&exe)
+                .arg(&src)
+                .status()
+                .context("running cc to build the fork program (install the Debian package gcc)")?;
+            if !st.success() {
+                bail!("compiling {src} failed");
+            }
+            vec![
+                exe.to_string_lossy().into_owned(),
+                "simple".into(),
+                mib.to_string(),
+            ]
+        }
+        other => bail!("unknown workload '{other}' ({})", WORKLOADS.join(", ")),
     };
     Ok(Workload {
         name: WORKLOADS
             .iter()
             .find(|&&w| w == name)
             .copied()
-            .unwrap_or("memcached"),
+            .expect("every workload built above is in WORKLOADS"),
         argv,
     })
 }
@@ -291,9 +323,10 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
     let mut all_json = Vec::new();
     for name in &a.workloads {
         let w = workload(name, dir, a.size_mib)?;
-        eprintln!("{}: native run to measure the peak ...", w.name);
+        eprint!("{}: native run to measure the peak ... ", w.name);
         let reference = run_native(&w)?;
         let peak = reference.peak_rss.max(16 << 20);
+        eprintln!("{:.2} s, peak {} MiB", reference.secs, peak >> 20);
         let mut times: BTreeMap<String, Vec<f64>> = BTreeMap::new();
         for rep in 0..a.repeat {
             let r = if rep == 0 {
@@ -304,13 +337,15 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
             times.entry("native".into()).or_default().push(r);
             for &pct in &a.local {
                 let local = peak * pct as u64 / 100;
-                eprintln!(
-                    "{} rep {}/{}: farmem run at {pct}% ...",
+                eprint!(
+                    "{} rep {}/{}: farmem run at {pct}% ({} MiB) ... ",
                     w.name,
                     rep + 1,
-                    a.repeat
+                    a.repeat,
+                    local >> 20
                 );
                 let f = run_farmem(&w, local)?;
+                eprintln!("{:.2} s", f.secs);
                 if f.stdout != reference.stdout {
                     bail!(
                         "{}: output under farmem run at {pct}% differs from the native one",
@@ -322,13 +357,18 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
                     .or_default()
                     .push(f.secs);
                 if !a.no_swap {
-                    eprintln!(
-                        "{} rep {}/{}: Linux swap (zram) at {pct}% ...",
+                    eprint!(
+                        "{} rep {}/{}: Linux swap (zram) at {pct}% ... ",
                         w.name,
                         rep + 1,
                         a.repeat
                     );
                     let s = run_swap(&w, local, peak)?;
+                    if s.secs.is_finite() {
+                        eprintln!("{:.2} s", s.secs);
+                    } else {
+                        eprintln!("OOM-killed");
+                    }
                     if s.secs.is_finite() && s.stdout != reference.stdout {
                         bail!(
                             "{}: output under Linux swap at {pct}% differs: {:?} instead of {:?}",
