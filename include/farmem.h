@@ -29,6 +29,7 @@ extern "C" {
 /* Per-page metadata bits the inline check reads (see crates/farmem/src/page_table.rs). */
 #define FM__ABSENT 1ull
 #define FM__NOWRITE 2ull
+#define FM__IDLE 64ull /* the reclaim policy wants to hear of the next use of the page */
 
 /* The runtime's page-metadata table, indexed by virtual page number. */
 struct fm_guard {
@@ -85,13 +86,13 @@ const char *fm_last_error(void);
 
 /* The next access to addr reads it. */
 static inline __attribute__((always_inline)) void fm_hint(const void *addr) {
-    if (FM__NEEDS(addr, FM__ABSENT))
+    if (FM__NEEDS(addr, FM__ABSENT | FM__IDLE))
         fm_hint_slow(addr, 1, 0, 0, 0);
 }
 
 /* The next access to addr writes it. */
 static inline __attribute__((always_inline)) void fm_hint_write(const void *addr) {
-    if (FM__NEEDS(addr, FM__NOWRITE))
+    if (FM__NEEDS(addr, FM__NOWRITE | FM__IDLE))
         fm_hint_slow(addr, 1, FM_WRITE, 0, 0);
 }
 
@@ -101,7 +102,7 @@ static inline __attribute__((always_inline)) void fm_hint_write(const void *addr
 static inline __attribute__((always_inline)) void fm_hint_ex(const void *addr, size_t len,
                                                              unsigned flags, int rdahead,
                                                              int ev_prio) {
-    uint64_t bit = (flags & FM_WRITE) ? FM__NOWRITE : FM__ABSENT;
+    uint64_t bit = FM__IDLE | ((flags & FM_WRITE) ? FM__NOWRITE : FM__ABSENT);
     if (FM__NEEDS(addr, bit) ||
         (len > 4096u - ((uintptr_t)(addr) & 4095u) && &fm_guard != 0))
         fm_hint_slow(addr, len, flags, rdahead, ev_prio);

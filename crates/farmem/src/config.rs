@@ -96,18 +96,24 @@ fn parse_tcp(rest: &str) -> Result<TcpSpec> {
     })
 }
 
-/// Reclaim policies available (issue 5 adds more, one module each under `policy/`).
+/// Reclaim policies available (one module each under `policy/`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PolicyKind {
     Fifo,
+    SecondChance,
+    Lru,
+    Priority,
 }
 
 impl PolicyKind {
     pub fn parse(s: &str) -> Result<PolicyKind> {
         match s.trim() {
             "fifo" | "default" => Ok(PolicyKind::Fifo),
+            "second-chance" | "clock" => Ok(PolicyKind::SecondChance),
+            "lru" => Ok(PolicyKind::Lru),
+            "priority" => Ok(PolicyKind::Priority),
             other => Err(Error::Config(format!(
-                "unknown reclaim policy '{other}': expected fifo"
+                "unknown reclaim policy '{other}': expected fifo, second-chance, lru or priority"
             ))),
         }
     }

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use crate::backend::{Completion, IoClass, PageBuf, PageKey};
 use crate::error::{Error, Result};
-use crate::page_table::{self as pt, ABSENT, ACCESSED, DIRTY, EVER_WRITTEN, NOWRITE};
+use crate::page_table::{self as pt, ABSENT, DIRTY, EVER_WRITTEN, IDLE, NOWRITE};
 use crate::page_table::{PRIO_MASK, PRIO_SHIFT, REGISTERED, REMOTE};
 use crate::region::RegionInfo;
 use crate::runtime::Inner;
@@ -131,7 +131,13 @@ pub(crate) fn ensure(inner: &Inner, reg: &RegionInfo, req: &Request) -> Result<O
     let me = owner_id();
     while vpn < end {
         let w = pt::entry(vpn);
-        if satisfied(w.load(Ordering::Acquire), req.write) {
+        let cur = w.load(Ordering::Acquire);
+        if cur & IDLE != 0 {
+            // Used again since the policy's hand passed it (a lost race with a lock holder
+            // storing its word only leaves the page looking idle one more pass).
+            w.fetch_and(!IDLE, Ordering::AcqRel);
+        }
+        if satisfied(cur, req.write) {
             vpn += 1;
             continue;
         }
@@ -162,7 +168,7 @@ pub(crate) fn ensure(inner: &Inner, reg: &RegionInfo, req: &Request) -> Result<O
                     pt::unlock(w, old);
                     return Err(Error::sys("lifting write protection", e));
                 }
-                new = (old & !NOWRITE) | DIRTY | EVER_WRITTEN | ACCESSED;
+                new = (old & !(NOWRITE | IDLE)) | DIRTY | EVER_WRITTEN;
                 out.unprotected += 1;
             }
             pt::unlock(w, new);
@@ -423,13 +429,13 @@ pub(crate) fn install_phase(
         }
         let prio = ((req.prio as u64) << PRIO_SHIFT) & PRIO_MASK;
         for l in run {
-            let keep = l.old & !(ABSENT | NOWRITE | DIRTY | PRIO_MASK);
+            let keep = l.old & !(ABSENT | NOWRITE | DIRTY | IDLE | PRIO_MASK);
             let new = if l.writable {
                 keep | DIRTY | EVER_WRITTEN
             } else {
                 keep | NOWRITE
             };
-            pt::unlock(pt::entry(l.vpn), new | ACCESSED | prio);
+            pt::unlock(pt::entry(l.vpn), new | prio);
         }
         if req.mode == Mode::Fault {
             inner

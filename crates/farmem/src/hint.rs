@@ -10,7 +10,7 @@ use std::cell::Cell;
 use std::sync::atomic::Ordering;
 
 use crate::fetch::{self, Mode, Request};
-use crate::page_table::{fm_guard, ABSENT, NOWRITE};
+use crate::page_table::{fm_guard, ABSENT, IDLE, NOWRITE};
 use crate::prefetch;
 use crate::runtime;
 use crate::stats::add;
@@ -38,7 +38,7 @@ fn needs_work(addr: usize, bit: u64) -> bool {
 #[inline(always)]
 pub fn hint<T: ?Sized>(addr: *const T) {
     let a = addr as *const u8 as usize;
-    if needs_work(a, ABSENT) {
+    if needs_work(a, ABSENT | IDLE) {
         hint_slow(a, 1, 0, 0, 0);
     }
 }
@@ -47,7 +47,7 @@ pub fn hint<T: ?Sized>(addr: *const T) {
 #[inline(always)]
 pub fn hint_write<T: ?Sized>(addr: *const T) {
     let a = addr as *const u8 as usize;
-    if needs_work(a, NOWRITE) {
+    if needs_work(a, NOWRITE | IDLE) {
         hint_slow(a, 1, FM_WRITE, 0, 0);
     }
 }
@@ -59,11 +59,12 @@ pub fn hint_write<T: ?Sized>(addr: *const T) {
 #[inline(always)]
 pub fn hint_ex<T: ?Sized>(addr: *const T, len: usize, flags: u32, rdahead: i32, ev_prio: u8) {
     let a = addr as *const u8 as usize;
-    let bit = if flags & FM_WRITE != 0 {
-        NOWRITE
-    } else {
-        ABSENT
-    };
+    let bit = IDLE
+        | if flags & FM_WRITE != 0 {
+            NOWRITE
+        } else {
+            ABSENT
+        };
     // The inline check covers the first page; multi-page ranges go to the runtime.
     if needs_work(a, bit) || len > PAGE_SIZE - (a & (PAGE_SIZE - 1)) {
         hint_slow(a, len, flags, rdahead, ev_prio);

@@ -31,8 +31,12 @@ pub const DIRTY: u64 = 1 << 3;
 pub const LOCKED: u64 = 1 << 4;
 /// The owner is evicting the page.
 pub const EVICTING: u64 = 1 << 5;
-/// Set by hints and faults; cleared by policies that track recency.
-pub const ACCESSED: u64 = 1 << 6;
+/// Recency, in the sense the fast path needs: set by a policy's hand when it passes a
+/// resident page ("not used since"), cleared by any hint or fault on the page. The inline
+/// hint tests it together with `ABSENT`/`NOWRITE`, so a hint on an idle page takes the slow
+/// path once per pass of the hand, and a hint on a recently used one costs nothing more.
+/// Policies that do not track recency never set it.
+pub const IDLE: u64 = 1 << 6;
 /// The page was written at least once: it must never be refilled with zeros.
 pub const EVER_WRITTEN: u64 = 1 << 7;
 /// The backend holds a copy of the page (current unless `DIRTY`).
@@ -217,4 +221,27 @@ pub fn wait_unlocked(word: &AtomicU64, timeout_us: u64) {
         }
     }
     mem::futex_wait(word, cur, timeout_us);
+}
+
+#[cfg(test)]
+mod header_tests {
+    use super::*;
+
+    /// The inline hints in `include/farmem.h` test these bits by value: the header and the
+    /// table must agree, or hints would skip needed work.
+    #[test]
+    fn header_bits_match_the_table() {
+        let header = include_str!("../../../include/farmem.h");
+        let value = |name: &str| -> u64 {
+            let line = header
+                .lines()
+                .find(|l| l.starts_with(&format!("#define {name} ")))
+                .unwrap_or_else(|| panic!("{name} is not defined in farmem.h"));
+            let v = line.split_whitespace().nth(2).unwrap();
+            v.trim_end_matches("ull").parse().unwrap()
+        };
+        assert_eq!(value("FM__ABSENT"), ABSENT);
+        assert_eq!(value("FM__NOWRITE"), NOWRITE);
+        assert_eq!(value("FM__IDLE"), IDLE);
+    }
 }

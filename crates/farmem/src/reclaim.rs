@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::{BackendError, IoClass, PageBuf, PageKey};
-use crate::page_table::{self as pt, ABSENT, ACCESSED, DIRTY, EVICTING, NOWRITE};
+use crate::page_table::{self as pt, ABSENT, DIRTY, EVICTING, IDLE, NOWRITE};
 use crate::page_table::{PRIO_MASK, REGISTERED, REMOTE};
 use crate::runtime::Inner;
 use crate::stats::add;
@@ -150,7 +150,10 @@ pub(crate) fn evict_batch(inner: &Inner, max: usize) -> usize {
     }
     let t0 = Instant::now();
     let mut cands = Vec::with_capacity(max);
-    inner.policy.lock().take_victims(max, &mut cands);
+    inner
+        .policy
+        .lock()
+        .take_victims(max, &mut cands, &crate::policy::PageTableBits);
     if cands.is_empty() {
         return 0;
     }
@@ -271,7 +274,7 @@ pub(crate) fn evict_batch(inner: &Inner, max: usize) -> usize {
         if !was_dirty {
             clean += 1;
         }
-        let mut new = (v.old & !(DIRTY | ACCESSED | EVICTING | PRIO_MASK)) | ABSENT | NOWRITE;
+        let mut new = (v.old & !(DIRTY | IDLE | EVICTING | PRIO_MASK)) | ABSENT | NOWRITE;
         if was_dirty {
             new |= REMOTE;
         }

@@ -319,6 +319,11 @@ impl Runtime {
         self.shared.inner.backend.describe()
     }
 
+    /// Name of the reclaim policy in use.
+    pub fn policy_name(&self) -> &'static str {
+        self.shared.inner.policy.lock().name()
+    }
+
     /// Create a far-memory region of `size` bytes (rounded up to whole pages). The region
     /// may be far larger than the local budget; pages that were never written cost nothing.
     pub fn create_region(&self, size: usize) -> Result<Region> {

@@ -5,7 +5,7 @@ mod common;
 
 use common::churn::{churn, BUDGET};
 use common::*;
-use farmem::{BackendSpec, Config, Runtime};
+use farmem::{BackendSpec, Config, PolicyKind, Runtime};
 
 #[test]
 fn random_records_under_churn() {
@@ -36,4 +36,33 @@ fn random_records_under_churn_two_fault_threads() {
     })
     .unwrap();
     churn(rt);
+}
+
+/// The same churn under each policy that reads the use bits (hints and faults clear `IDLE`,
+/// the hands set it): evictions chosen by recency and priority must lose nothing either.
+fn churn_with_policy(name: &str) {
+    let rt = Runtime::new(Config {
+        local_mem: BUDGET as u64,
+        evict_batch: 32,
+        policy: PolicyKind::parse(name).unwrap(),
+        ..Config::default()
+    })
+    .unwrap();
+    assert_eq!(rt.policy_name(), name);
+    churn(rt);
+}
+
+#[test]
+fn random_records_under_churn_second_chance() {
+    churn_with_policy("second-chance");
+}
+
+#[test]
+fn random_records_under_churn_lru() {
+    churn_with_policy("lru");
+}
+
+#[test]
+fn random_records_under_churn_priority() {
+    churn_with_policy("priority");
 }

@@ -43,7 +43,7 @@ pub struct Args {
     /// FARMEM_TOKEN_FILE).
     #[arg(long, value_name = "URL")]
     backend: Option<String>,
-    /// Reclaim policy (fifo).
+    /// Reclaim policy: fifo (default), second-chance, lru or priority (levels from the hints' ev_prio).
     #[arg(long)]
     policy: Option<String>,
     /// Print a summary to stderr when the program ends.

@@ -3,12 +3,46 @@
 //! A policy only orders pages; the reclaimer (`reclaim.rs`) locks, writes back and unmaps
 //! them. Adding a policy means one new module implementing [`Policy`] and one line in
 //! [`build`].
+//!
+//! Recency comes from the page table's `IDLE` bit, through [`UseBits`]: a policy's hand marks
+//! a page idle when it passes it, and any hint or fault on the page clears the mark. A page
+//! still idle when the hand comes back was not used in between.
 
+mod clock;
 mod fifo;
+mod lru;
+mod priority;
 
+pub use clock::SecondChance;
 pub use fifo::Fifo;
+pub use lru::Lru;
+pub use priority::Priority;
+
+use std::sync::atomic::Ordering;
 
 use crate::config::PolicyKind;
+use crate::page_table::{self as pt, IDLE, REGISTERED};
+
+/// Where a policy learns whether a page was used since it last looked.
+pub trait UseBits {
+    /// Was `vpn` used since the previous call for it (or since it became resident)? Marks it
+    /// idle, so that the next call answers for the time from now on.
+    fn used_since_last_look(&self, vpn: usize) -> bool;
+}
+
+/// The real source: the page table's `IDLE` bit.
+pub struct PageTableBits;
+
+impl UseBits for PageTableBits {
+    fn used_since_last_look(&self, vpn: usize) -> bool {
+        let w = pt::entry(vpn);
+        if w.load(Ordering::Acquire) & REGISTERED == 0 {
+            return false; // its region is gone: nothing to mark, evict (forget) it
+        }
+        let old = w.fetch_or(IDLE, Ordering::AcqRel);
+        old & IDLE == 0
+    }
+}
 
 /// Pages are named by their virtual page number (unique across regions).
 pub trait Policy: Send {
@@ -17,7 +51,7 @@ pub trait Policy: Send {
 
     /// Remove and return up to `n` eviction candidates, best victim first. The reclaimer
     /// hands back the ones it could not evict right now through [`Policy::reinsert`].
-    fn take_victims(&mut self, n: usize, out: &mut Vec<usize>);
+    fn take_victims(&mut self, n: usize, out: &mut Vec<usize>, bits: &dyn UseBits);
 
     /// Return a candidate that could not be evicted now (locked, or kept local because the
     /// far tier was full).
@@ -39,5 +73,34 @@ pub trait Policy: Send {
 pub fn build(kind: PolicyKind) -> Box<dyn Policy> {
     match kind {
         PolicyKind::Fifo => Box::new(Fifo::default()),
+        PolicyKind::SecondChance => Box::new(SecondChance::default()),
+        PolicyKind::Lru => Box::new(Lru::default()),
+        PolicyKind::Priority => Box::new(Priority::default()),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::cell::RefCell;
+    use std::collections::HashSet;
+
+    use super::UseBits;
+
+    /// Use bits for policy tests: `touch` marks pages used; a look clears the mark.
+    #[derive(Default)]
+    pub struct FakeBits {
+        used: RefCell<HashSet<usize>>,
+    }
+
+    impl FakeBits {
+        pub fn touch(&self, vpns: &[usize]) {
+            self.used.borrow_mut().extend(vpns.iter().copied());
+        }
+    }
+
+    impl UseBits for FakeBits {
+        fn used_since_last_look(&self, vpn: usize) -> bool {
+            self.used.borrow_mut().remove(&vpn)
+        }
     }
 }
