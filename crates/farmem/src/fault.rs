@@ -5,16 +5,19 @@
 //! fetching or evicting is parked and retried, so one slow transition cannot stall every
 //! other fault. If the fault thread itself is busy for too long (a large fetch, a direct
 //! reclaim), the control thread steals pending events and serves them (Eden's fault stealing).
-//! Sequential faults get read-ahead with a window that doubles while the pattern holds, like
-//! the kernel's swap read-ahead.
+//! Faults that follow a pattern get read-ahead chosen by the predictor (`predict.rs`: runs
+//! with a window that doubles while they hold, like the kernel's swap read-ahead, and a
+//! majority vote when runs fail). Runs of stride ±1 are fetched with the demanded page;
+//! other strides are predicted but not fetched yet (they need scattered read-ahead).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::fetch::{self, Mode, Request};
+use crate::predict::{Prediction, Predictor};
 use crate::runtime::Inner;
 use crate::stats::add;
 use crate::sys::mem::{PAGE_SHIFT, PAGE_SIZE};
@@ -28,47 +31,11 @@ struct Fault {
     tid: u32,
 }
 
-/// Per-stream sequential detector.
-#[derive(Default, Clone, Copy)]
-struct Stream {
-    last: usize,
-    window: usize,
-}
-
-/// Read-ahead decisions for unhinted faults, per (region, faulting thread).
-#[derive(Default)]
-pub(crate) struct SeqDetector {
-    streams: HashMap<(u32, u32), Stream>,
-}
-
-impl SeqDetector {
-    /// Pages to read ahead after a fault on `vpn`.
-    pub(crate) fn on_fault(&mut self, region: u32, tid: u32, vpn: usize, max: usize) -> usize {
-        if max == 0 {
-            return 0;
-        }
-        if self.streams.len() > 4096 {
-            self.streams.clear();
-        }
-        let s = self.streams.entry((region, tid)).or_default();
-        // Sequential: just past the previous fault, or within/just past its read-ahead
-        // window (the next fault of a sequential scan lands on the first page not fetched).
-        let sequential = vpn > s.last && vpn <= s.last + s.window + 2;
-        s.window = if sequential {
-            (s.window * 2).clamp(4, max)
-        } else {
-            0
-        };
-        s.last = vpn;
-        s.window
-    }
-}
-
 /// Reads and serves fault events; owns the faults it could not serve yet.
 pub(crate) struct FaultServer {
     msgs: Vec<UffdMsg>,
     pending: VecDeque<Fault>,
-    seq: SeqDetector,
+    predictor: Option<Predictor>,
 }
 
 impl FaultServer {
@@ -76,7 +43,7 @@ impl FaultServer {
         FaultServer {
             msgs: vec![UffdMsg::default(); 64],
             pending: VecDeque::new(),
-            seq: SeqDetector::default(),
+            predictor: None,
         }
     }
 
@@ -128,8 +95,12 @@ impl FaultServer {
         let absent =
             crate::page_table::entry(vpn).load(Ordering::Acquire) & crate::page_table::ABSENT != 0;
         let rdahead = if absent && !f.wp {
-            self.seq
-                .on_fault(reg.id, f.tid, vpn, inner.cfg.fault_readahead) as isize
+            let predictor = self
+                .predictor
+                .get_or_insert_with(|| Predictor::new(inner.cfg.fault_readahead));
+            predictor
+                .on_fault(reg.id, f.tid, vpn)
+                .map_or(0, |p| readahead_for(vpn, &p))
         } else {
             0
         };
@@ -231,33 +202,32 @@ pub(crate) fn fault_thread(inner: Arc<Inner>) {
     }
 }
 
+/// The read-ahead of a fault request that covers a prediction: pages after (or before) the
+/// faulting one up to the prediction's far end. Pages in between that are present or in
+/// flight are skipped by the fetch. Strides other than ±1 are not fetched (yet): 0.
+fn readahead_for(vpn: usize, p: &Prediction) -> isize {
+    let last = p.pages().last().unwrap_or(vpn) as isize;
+    match p.stride {
+        1 | -1 => last - vpn as isize,
+        _ => 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::SeqDetector;
+    use super::*;
 
     #[test]
-    fn sequential_faults_grow_the_window_and_random_ones_reset_it() {
-        let mut d = SeqDetector::default();
-        assert_eq!(d.on_fault(1, 7, 100, 64), 0, "first fault: no history");
-        assert_eq!(d.on_fault(1, 7, 101, 64), 4);
-        // The next fault of a sequential scan lands just past the read-ahead window.
-        assert_eq!(d.on_fault(1, 7, 106, 64), 8);
-        assert_eq!(d.on_fault(1, 7, 115, 64), 16);
-        assert_eq!(d.on_fault(1, 7, 132, 64), 32);
-        assert_eq!(d.on_fault(1, 7, 165, 64), 64);
-        assert_eq!(d.on_fault(1, 7, 230, 64), 64, "capped at the maximum");
-        assert_eq!(d.on_fault(1, 7, 5000, 64), 0, "a jump resets the window");
-        assert_eq!(d.on_fault(1, 7, 4000, 64), 0, "backwards is not sequential");
-    }
-
-    #[test]
-    fn streams_are_per_thread_and_region() {
-        let mut d = SeqDetector::default();
-        d.on_fault(1, 1, 10, 64);
-        d.on_fault(1, 2, 900, 64);
-        assert_eq!(d.on_fault(1, 1, 11, 64), 4, "thread 1's stream is intact");
-        assert_eq!(d.on_fault(1, 2, 901, 64), 4, "thread 2's stream is intact");
-        assert_eq!(d.on_fault(2, 1, 12, 64), 0, "another region starts fresh");
-        assert_eq!(d.on_fault(1, 1, 12, 0), 0, "read-ahead disabled");
+    fn predictions_become_read_ahead_in_their_direction() {
+        let p = |start, stride, count| Prediction {
+            start,
+            stride,
+            count,
+            tier: 1,
+        };
+        assert_eq!(readahead_for(100, &p(101, 1, 4)), 4);
+        assert_eq!(readahead_for(100, &p(105, 1, 8)), 12, "up to the far end");
+        assert_eq!(readahead_for(100, &p(99, -1, 4)), -4);
+        assert_eq!(readahead_for(100, &p(103, 3, 4)), 0, "strided: not fetched");
     }
 }

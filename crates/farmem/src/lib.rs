@@ -26,6 +26,7 @@ mod hint;
 mod local_alloc;
 pub mod page_table;
 pub mod policy;
+mod predict;
 mod prefetch;
 pub mod preload;
 pub mod protocol;

@@ -1,0 +1,342 @@
+//! Predicting unhinted faults (Canvas's two-tier prefetcher, Leap's majority vote).
+//!
+//! Faults are grouped into streams by (region, faulting thread), so threads that scan side by
+//! side do not break each other's patterns. Per stream:
+//!
+//! * **Tier 1, runs**: one step of `+1` or `-1` (sequential, backwards: the common case, as
+//!   the kernel's read-ahead assumes) or two equal steps of `k` (strided) start a run; each further fault that continues it (landing past the previous
+//!   fault by a multiple of the stride, no further than the pages already predicted) doubles
+//!   the window, up to the maximum, as the kernel's read-ahead does. A fault that breaks the
+//!   run halves the window the next run starts from (mispredictions cost bandwidth).
+//! * **Tier 2, majority**: when tier 1 has no run, the last [`HISTORY`] steps vote; a step
+//!   taken by more than half of them (a scan with gaps, a stride with outliers) is followed
+//!   for a small window. Random faults have no run and no majority: no prediction.
+//!
+//! The predictor only names pages; the fault path fetches them in the prefetch class.
+
+use std::collections::HashMap;
+
+/// Steps remembered for the majority vote.
+pub const HISTORY: usize = 8;
+/// First window of a run, and the window of a majority prediction.
+pub const MIN_WINDOW: usize = 4;
+
+/// Pages `start + k * stride` for `k` in `0..count`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Prediction {
+    pub start: usize,
+    pub stride: isize,
+    pub count: usize,
+    /// Which tier made it (1: run, 2: majority).
+    pub tier: u8,
+}
+
+impl Prediction {
+    pub fn pages(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.count).map(move |k| offset(self.start, self.stride * k as isize))
+    }
+}
+
+fn offset(vpn: usize, by: isize) -> usize {
+    (vpn as isize).wrapping_add(by) as usize
+}
+
+#[derive(Default, Clone)]
+struct Stream {
+    last: usize,
+    /// The run's stride (0: no run).
+    stride: isize,
+    /// The last step, a candidate stride when no run holds.
+    last_step: isize,
+    window: usize,
+    /// Window the next run starts from (halved by each broken run).
+    start_window: usize,
+    /// First page along the run not predicted yet.
+    next: usize,
+    steps: [isize; HISTORY],
+    n_steps: usize,
+}
+
+impl Stream {
+    fn remember(&mut self, step: isize) {
+        self.steps[self.n_steps % HISTORY] = step;
+        self.n_steps += 1;
+    }
+
+    /// The step taken by more than half of the remembered ones (Boyer–Moore vote).
+    fn majority(&self) -> Option<isize> {
+        let n = self.n_steps.min(HISTORY);
+        if n < HISTORY / 2 {
+            return None;
+        }
+        let steps = &self.steps[..n];
+        let (mut cand, mut votes) = (0isize, 0usize);
+        for &s in steps {
+            if votes == 0 {
+                cand = s;
+                votes = 1;
+            } else if s == cand {
+                votes += 1;
+            } else {
+                votes -= 1;
+            }
+        }
+        let count = steps.iter().filter(|&&s| s == cand).count();
+        (cand != 0 && count * 2 > n).then_some(cand)
+    }
+
+    /// Does a fault at `vpn` continue the run: a whole number of strides past the last
+    /// fault, and not beyond the pages predicted so far?
+    fn continues_run(&self, vpn: usize) -> bool {
+        if self.stride == 0 {
+            return false;
+        }
+        let d = vpn as isize - self.last as isize;
+        let reach = self.next as isize - self.last as isize;
+        d % self.stride == 0 && d / self.stride >= 1 && d / self.stride <= reach / self.stride
+    }
+}
+
+/// Per-runtime predictor state (owned by a fault-serving thread).
+pub struct Predictor {
+    streams: HashMap<(u32, u32), Stream>,
+    max_window: usize,
+}
+
+impl Predictor {
+    pub fn new(max_window: usize) -> Predictor {
+        Predictor {
+            streams: HashMap::new(),
+            max_window,
+        }
+    }
+
+    /// A fault at `vpn` in `region` by thread `tid`: the pages worth fetching ahead of the
+    /// stream's next accesses (none already predicted), if any.
+    pub fn on_fault(&mut self, region: u32, tid: u32, vpn: usize) -> Option<Prediction> {
+        if self.max_window == 0 {
+            return None;
+        }
+        if self.streams.len() > 4096 {
+            self.streams.clear(); // threads come and go; a stream relearns in two faults
+        }
+        let max = self.max_window;
+        let s = self.streams.entry((region, tid)).or_insert_with(|| Stream {
+            last: vpn,
+            start_window: MIN_WINDOW.min(max),
+            ..Stream::default()
+        });
+        let step = vpn as isize - s.last as isize;
+        if step == 0 {
+            return None; // the same page again (a retried or write-after-read fault)
+        }
+        s.remember(step);
+        let prediction = if s.continues_run(vpn) {
+            s.window = (s.window * 2).clamp(MIN_WINDOW.min(max), max);
+            run_prediction(s, vpn)
+        } else if step.abs() == 1 || (step == s.last_step && s.n_steps >= 2) {
+            s.stride = step;
+            s.window = s.start_window;
+            s.next = offset(vpn, step);
+            run_prediction(s, vpn)
+        } else {
+            if s.stride != 0 {
+                // A run broke: start the next one smaller.
+                s.start_window = (s.window / 2).max(MIN_WINDOW.min(max));
+                s.stride = 0;
+                s.window = 0;
+            }
+            s.majority().map(|m| {
+                let count = MIN_WINDOW.min(max);
+                Prediction {
+                    start: offset(vpn, m),
+                    stride: m,
+                    count,
+                    tier: 2,
+                }
+            })
+        };
+        s.last_step = step;
+        s.last = vpn;
+        prediction
+    }
+}
+
+/// The pages of the run's window after `vpn` that were not predicted before.
+fn run_prediction(s: &mut Stream, vpn: usize) -> Option<Prediction> {
+    let stride = s.stride;
+    let first_new = offset(vpn, stride);
+    // Along the stride, the later of "just after this fault" and "first not predicted yet".
+    let ahead = |a: usize, b: usize| -> usize {
+        let along = (b as isize - a as isize) / stride;
+        if along > 0 {
+            b
+        } else {
+            a
+        }
+    };
+    let start = ahead(first_new, s.next);
+    let end = offset(vpn, stride * (s.window as isize + 1)); // one past the window
+    let count = ((end as isize - start as isize) / stride).max(0) as usize;
+    s.next = ahead(s.next, end);
+    (count > 0).then_some(Prediction {
+        start,
+        stride,
+        count,
+        tier: 1,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pages(p: Option<Prediction>) -> Vec<usize> {
+        p.map(|p| p.pages().collect()).unwrap_or_default()
+    }
+
+    #[test]
+    fn sequential_run_grows_its_window() {
+        let mut p = Predictor::new(64);
+        assert_eq!(p.on_fault(1, 1, 100), None, "first fault: no history");
+        // One +1 step starts a run with a window of 4.
+        assert_eq!(pages(p.on_fault(1, 1, 101)), [102, 103, 104, 105]);
+        // The scan reads 102..=105 without faulting; the next fault is at 106: window 8.
+        assert_eq!(
+            pages(p.on_fault(1, 1, 106)),
+            (107..=114).collect::<Vec<_>>()
+        );
+        // Then 16 ... capped at 64.
+        let q = p.on_fault(1, 1, 115).unwrap();
+        assert_eq!((q.start, q.count, q.stride, q.tier), (116, 16, 1, 1));
+        let mut at = 132;
+        for _ in 0..4 {
+            let q = p.on_fault(1, 1, at).unwrap();
+            assert_eq!(q.start, at + 1);
+            at = q.start + q.count;
+        }
+        let q = p.on_fault(1, 1, at).unwrap();
+        assert_eq!(q.count, 64, "the window stops at the maximum");
+        assert_eq!(Predictor::new(0).on_fault(1, 1, 5), None, "prefetching off");
+    }
+
+    #[test]
+    fn a_fault_inside_the_predicted_pages_asks_only_for_new_ones() {
+        let mut p = Predictor::new(64);
+        p.on_fault(1, 1, 10);
+        assert_eq!(pages(p.on_fault(1, 1, 11)), [12, 13, 14, 15]);
+        // 13 faults (its prefetch was evicted or is late): the run holds, window 8 ends at
+        // 21, and only 16..=21 are new.
+        assert_eq!(pages(p.on_fault(1, 1, 13)), [16, 17, 18, 19, 20, 21]);
+    }
+
+    #[test]
+    fn strides_of_several_sizes_and_directions() {
+        for stride in [2isize, 3, 64, -2, -5] {
+            let mut p = Predictor::new(32);
+            let at = |k: isize| (10_000 + k * stride) as usize;
+            assert_eq!(p.on_fault(7, 1, at(0)), None);
+            assert_eq!(
+                p.on_fault(7, 1, at(1)),
+                None,
+                "one step of {stride} is no run"
+            );
+            let q = p
+                .on_fault(7, 1, at(2))
+                .expect("a run after two equal steps");
+            assert_eq!((q.start, q.stride, q.count, q.tier), (at(3), stride, 4, 1));
+            // The next fault is the first page not predicted: window 8.
+            let q = p.on_fault(7, 1, at(7)).unwrap();
+            assert_eq!(
+                pages(Some(q)),
+                (8..=15).map(at).collect::<Vec<_>>(),
+                "{stride}"
+            );
+        }
+    }
+
+    #[test]
+    fn two_threads_interleaved_keep_their_own_streams() {
+        let mut p = Predictor::new(64);
+        let mut got_a = Vec::new();
+        let mut got_b = Vec::new();
+        // Thread 1 scans forward from 1000 in region 1, thread 2 steps by -3 from 9000 in
+        // region 2; their faults arrive interleaved.
+        for k in 0..3 {
+            got_a.push(p.on_fault(1, 1, 1000 + k));
+            got_b.push(p.on_fault(2, 2, 9000 - 3 * k));
+        }
+        assert_eq!(pages(got_a[1]), [1002, 1003, 1004, 1005]);
+        // 1002 was predicted but faulted (late): the run goes on with only new pages.
+        assert_eq!(pages(got_a[2]), [1006, 1007, 1008, 1009, 1010]);
+        assert_eq!(pages(got_b[2]), [8991, 8988, 8985, 8982]);
+        // The same two streams in ONE region from two threads: still separate.
+        let mut p = Predictor::new(64);
+        let mut got = (Vec::new(), Vec::new());
+        for k in 0..3 {
+            got.0.push(p.on_fault(1, 1, 1000 + k));
+            got.1.push(p.on_fault(1, 2, 5000 + 2 * k));
+        }
+        assert_eq!(pages(got.0[1]), [1002, 1003, 1004, 1005]);
+        assert_eq!(pages(got.1[2]), [5006, 5008, 5010, 5012]);
+    }
+
+    #[test]
+    fn random_faults_predict_nothing() {
+        let mut p = Predictor::new(64);
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut predicted = 0;
+        for _ in 0..100_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let vpn = (1 << 30) + (x % (1 << 30)) as usize;
+            predicted += pages(p.on_fault(3, 1, vpn)).len();
+        }
+        assert_eq!(predicted, 0);
+    }
+
+    #[test]
+    fn majority_vote_follows_a_scan_with_gaps() {
+        let mut p = Predictor::new(64);
+        // A forward scan that jumps past what was predicted: 0 1 2 3 | 40 ...
+        for v in 0..4 {
+            p.on_fault(1, 1, v);
+        }
+        // The jump breaks the run, but 3 of the 4 steps so far were +1: tier 2 predicts.
+        let q = p.on_fault(1, 1, 40).unwrap();
+        // (In a run +1 would have restarted at the next fault anyway; tier 2 is quicker.)
+        assert_eq!((q.start, q.stride, q.count, q.tier), (41, 1, 4, 2));
+        // A majority of a longer history with outliers: steps +2 mostly.
+        let mut p = Predictor::new(64);
+        let mut v = 50_000;
+        let mut last = None;
+        for (i, step) in [2, 2, 9, 2, 2, 30, 2, 2, 2, 77].into_iter().enumerate() {
+            v += step;
+            last = p.on_fault(1, 1, v);
+            if i == 9 {
+                let q = last.expect("+2 is the majority");
+                assert_eq!((q.stride, q.tier), (2, 2));
+            }
+        }
+        assert_eq!(pages(last), [v + 2, v + 4, v + 6, v + 8]);
+    }
+
+    #[test]
+    fn a_broken_run_restarts_smaller() {
+        let mut p = Predictor::new(64);
+        let mut at = 0;
+        p.on_fault(1, 1, 0);
+        let mut q = p.on_fault(1, 1, 1).unwrap();
+        for _ in 0..3 {
+            at = q.start + q.count;
+            q = p.on_fault(1, 1, at).unwrap();
+        }
+        assert_eq!(q.count, 32, "window grown to 32");
+        // Jump far away, then a new run: it starts at half the old window.
+        let base = at + 100_000;
+        p.on_fault(1, 1, base);
+        let q = p.on_fault(1, 1, base + 1).unwrap();
+        assert_eq!(q.count, 16);
+    }
+}
