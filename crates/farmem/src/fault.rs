@@ -8,7 +8,8 @@
 //! Faults that follow a pattern get read-ahead chosen by the predictor (`predict.rs`: runs
 //! with a window that doubles while they hold, like the kernel's swap read-ahead, and a
 //! majority vote when runs fail). Runs of stride ±1 are fetched with the demanded page;
-//! other strides are predicted but not fetched yet (they need scattered read-ahead).
+//! other strides are read asynchronously in the prefetch class once the demanded page is in
+//! (`prefetch::submit_pages`).
 
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
@@ -18,6 +19,7 @@ use std::time::Instant;
 
 use crate::fetch::{self, Mode, Request};
 use crate::predict::{Prediction, Predictor};
+use crate::prefetch;
 use crate::runtime::Inner;
 use crate::stats::add;
 use crate::sys::mem::{PAGE_SHIFT, PAGE_SIZE};
@@ -94,16 +96,14 @@ impl FaultServer {
         let vpn = f.addr >> PAGE_SHIFT;
         let absent =
             crate::page_table::entry(vpn).load(Ordering::Acquire) & crate::page_table::ABSENT != 0;
-        let rdahead = if absent && !f.wp {
-            let predictor = self
-                .predictor
-                .get_or_insert_with(|| Predictor::new(inner.cfg.fault_readahead));
-            predictor
+        let prediction = if absent && !f.wp {
+            self.predictor
+                .get_or_insert_with(|| Predictor::new(inner.cfg.fault_readahead))
                 .on_fault(reg.id, f.tid, vpn)
-                .map_or(0, |p| readahead_for(vpn, &p))
         } else {
-            0
+            None
         };
+        let rdahead = prediction.map_or(0, |p| readahead_for(vpn, &p));
         let req = Request {
             first: vpn,
             count: 1,
@@ -123,6 +123,15 @@ impl FaultServer {
                     // Someone else resolved it; make sure the faulting thread runs again.
                     add(&inner.stats.c.spurious_faults, 1);
                     let _ = inner.uffd.wake(f.addr, PAGE_SIZE);
+                }
+                // Strided predictions: read asynchronously, after the demanded page is in.
+                if let Some(p) = prediction.filter(|_| rdahead == 0) {
+                    let mut pages: Vec<usize> = p
+                        .pages()
+                        .filter(|&v| v >= reg.first_vpn() && v < reg.end_vpn())
+                        .collect();
+                    pages.sort_unstable();
+                    prefetch::submit_pages(inner, &reg, pages, 0);
                 }
                 true
             }
@@ -172,6 +181,8 @@ pub(crate) fn fault_thread(inner: Arc<Inner>) {
             .store(inner.now_ns(), Ordering::Release);
         let n = server.poll_events(&inner);
         server.retry_pending(&inner);
+        // Prefetches that have arrived are mapped now, before the program reaches them.
+        prefetch::complete_arrived(&inner);
         inner.fault_busy_since.store(0, Ordering::Release);
         if n > 0 {
             last_event = Instant::now();
@@ -204,7 +215,7 @@ pub(crate) fn fault_thread(inner: Arc<Inner>) {
 
 /// The read-ahead of a fault request that covers a prediction: pages after (or before) the
 /// faulting one up to the prediction's far end. Pages in between that are present or in
-/// flight are skipped by the fetch. Strides other than ±1 are not fetched (yet): 0.
+/// flight are skipped by the fetch. Other strides are read separately: 0.
 fn readahead_for(vpn: usize, p: &Prediction) -> isize {
     let last = p.pages().last().unwrap_or(vpn) as isize;
     match p.stride {
@@ -228,6 +239,10 @@ mod tests {
         assert_eq!(readahead_for(100, &p(101, 1, 4)), 4);
         assert_eq!(readahead_for(100, &p(105, 1, 8)), 12, "up to the far end");
         assert_eq!(readahead_for(100, &p(99, -1, 4)), -4);
-        assert_eq!(readahead_for(100, &p(103, 3, 4)), 0, "strided: not fetched");
+        assert_eq!(
+            readahead_for(100, &p(103, 3, 4)),
+            0,
+            "strided: read separately"
+        );
     }
 }

@@ -1,6 +1,8 @@
 //! Read-ahead in flight: windows fetched asynchronously ahead of a sequential hinted scan.
 //!
-//! A hint with `FM_SEQ` and forward read-ahead `R` declares a sequential stream. Fetching
+//! Two users: strided runs predicted from unhinted faults (`fault.rs`, through
+//! [`submit_pages`]), and sequential hinted scans. A hint with `FM_SEQ` and forward
+//! read-ahead `R` declares a sequential stream. Fetching
 //! only on misses makes the scan wait a whole backend round trip per window (over TCP that
 //! caps a scan at about one window per round trip whatever the link could carry), so after
 //! such a hint the runtime keeps `depth` further windows of `R` pages in flight: their pages
@@ -159,44 +161,13 @@ pub(crate) fn pipeline(
     }
     // Windows end `depth` windows past the current one.
     let horizon = (first + r * (depth + 1)).min(reg.end_vpn());
-    let me = fetch::owner_id();
     while next < horizon {
         let hi = (next + r).min(reg.end_vpn());
-        let mut pages: Vec<Locked> = (next..hi)
-            .filter_map(|v| fetch::lock_absent(v, me).map(|old| Locked::new(v, old, false)))
-            .collect();
+        let window = next..hi;
         next = hi;
-        // Only pages the backend holds are worth reading ahead; fresh ones are zero-filled
-        // for nothing when reached. Reserve budget without reclaiming: read-ahead must not
-        // push out pages to make room for itself.
-        let remote = pages.iter().any(|l| l.old & REMOTE != 0);
-        let got = if remote {
-            reclaim::try_reserve(inner, pages.len())
-        } else {
-            0
-        };
-        for l in pages.drain(got..) {
-            pt::unlock(pt::entry(l.vpn), l.old);
+        if submit_pages(inner, reg, window, prio) == Submitted::NoBudget {
+            break;
         }
-        if pages.is_empty() {
-            if remote {
-                break; // no budget left
-            }
-            continue;
-        }
-        let read = match fetch::submit_phase(inner, reg, &pages, IoClass::Prefetch, take_buf) {
-            Ok(r) => r,
-            Err(e) => crate::fatal(&format!("read-ahead: {e}")),
-        };
-        add(&inner.stats.c.prefetch_batches, 1);
-        add(&inner.stats.c.prefetch_pages, pages.len() as u64);
-        inner.inflight.insert(Batch {
-            reg: *reg,
-            pages,
-            read,
-            prio,
-            submitted: Instant::now(),
-        });
     }
     STREAM.with(|s| {
         s.set(Stream {
@@ -205,6 +176,64 @@ pub(crate) fn pipeline(
             next,
         })
     });
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Submitted {
+    /// A batch is in flight.
+    Batch,
+    /// Nothing to read: every page is present, in flight, or was never written.
+    Nothing,
+    /// The pages the backend holds found no free budget.
+    NoBudget,
+}
+
+/// Read pages `vpns` (ascending, inside `reg`) ahead of use, in the prefetch class: lock the
+/// absent ones, reserve free budget for them (never reclaiming for read-ahead), submit the
+/// read and register the batch, to be completed by whoever reaches one of its pages first.
+pub(crate) fn submit_pages(
+    inner: &Inner,
+    reg: &RegionInfo,
+    vpns: impl IntoIterator<Item = usize>,
+    prio: u8,
+) -> Submitted {
+    let me = fetch::owner_id();
+    let mut pages: Vec<Locked> = vpns
+        .into_iter()
+        .filter_map(|v| fetch::lock_absent(v, me).map(|old| Locked::new(v, old, false)))
+        .collect();
+    // Only pages the backend holds are worth reading ahead; fresh ones are zero-filled for
+    // nothing when reached.
+    let remote = pages.iter().any(|l| l.old & REMOTE != 0);
+    let got = if remote {
+        reclaim::try_reserve(inner, pages.len())
+    } else {
+        0
+    };
+    for l in pages.drain(got..) {
+        pt::unlock(pt::entry(l.vpn), l.old);
+    }
+    if pages.is_empty() {
+        return if remote {
+            Submitted::NoBudget
+        } else {
+            Submitted::Nothing
+        };
+    }
+    let read = match fetch::submit_phase(inner, reg, &pages, IoClass::Prefetch, take_buf) {
+        Ok(r) => r,
+        Err(e) => crate::fatal(&format!("read-ahead: {e}")),
+    };
+    add(&inner.stats.c.prefetch_batches, 1);
+    add(&inner.stats.c.prefetch_pages, pages.len() as u64);
+    inner.inflight.insert(Batch {
+        reg: *reg,
+        pages,
+        read,
+        prio,
+        submitted: Instant::now(),
+    });
+    Submitted::Batch
 }
 
 /// Install a batch: wait for its data, map its pages (waking threads that faulted on them),
@@ -226,6 +255,22 @@ fn complete(inner: &Inner, b: Batch) -> Result<()> {
     let vpns: Vec<usize> = b.pages.iter().map(|l| l.vpn).collect();
     inner.policy.lock().insert(&vpns, b.prio);
     Ok(())
+}
+
+/// Install the batches whose data has arrived (a fault thread with nothing else to do): a
+/// prefetched page that is already mapped when the program reaches it costs no fault at all.
+pub(crate) fn complete_arrived(inner: &Inner) {
+    if inner.inflight.is_empty() {
+        return;
+    }
+    let arrived = inner
+        .inflight
+        .take_where(|b| b.read.as_ref().is_none_or(|r| r.completion.is_done()));
+    for b in arrived {
+        if let Err(e) = complete(inner, b) {
+            crate::fatal(&format!("read-ahead: {e}"));
+        }
+    }
 }
 
 /// If page `vpn` is held by a batch in flight, complete that batch. Returns whether it did.
