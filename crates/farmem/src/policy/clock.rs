@@ -82,14 +82,8 @@ impl Policy for SecondChance {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::FakeBits;
+    use super::super::testing::{take, FakeBits};
     use super::*;
-
-    fn take(p: &mut SecondChance, n: usize, bits: &FakeBits) -> Vec<usize> {
-        let mut v = Vec::new();
-        p.take_victims(n, &mut v, bits);
-        v
-    }
 
     #[test]
     fn used_pages_get_a_second_chance() {

@@ -92,14 +92,8 @@ impl Policy for Lru {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::FakeBits;
+    use super::super::testing::{take, FakeBits};
     use super::*;
-
-    fn take(p: &mut dyn Policy, n: usize, bits: &FakeBits) -> Vec<usize> {
-        let mut v = Vec::new();
-        p.take_victims(n, &mut v, bits);
-        v
-    }
 
     #[test]
     fn pages_used_again_outlive_pages_used_once() {

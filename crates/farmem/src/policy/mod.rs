@@ -84,7 +84,7 @@ pub(crate) mod testing {
     use std::cell::RefCell;
     use std::collections::HashSet;
 
-    use super::UseBits;
+    use super::{Policy, UseBits};
 
     /// Use bits for policy tests: `touch` marks pages used; a look clears the mark.
     #[derive(Default)]
@@ -102,5 +102,12 @@ pub(crate) mod testing {
         fn used_since_last_look(&self, vpn: usize) -> bool {
             self.used.borrow_mut().remove(&vpn)
         }
+    }
+
+    /// The victims a policy picks next.
+    pub fn take(p: &mut dyn Policy, n: usize, bits: &FakeBits) -> Vec<usize> {
+        let mut v = Vec::new();
+        p.take_victims(n, &mut v, bits);
+        v
     }
 }

@@ -60,14 +60,8 @@ impl Policy for Priority {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::FakeBits;
+    use super::super::testing::{take, FakeBits};
     use super::*;
-
-    fn take(p: &mut Priority, n: usize, bits: &FakeBits) -> Vec<usize> {
-        let mut v = Vec::new();
-        p.take_victims(n, &mut v, bits);
-        v
-    }
 
     #[test]
     fn higher_levels_go_first_with_second_chance_inside_a_level() {
