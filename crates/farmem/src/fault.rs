@@ -97,9 +97,16 @@ impl FaultServer {
         let absent =
             crate::page_table::entry(vpn).load(Ordering::Acquire) & crate::page_table::ABSENT != 0;
         let prediction = if absent && !f.wp {
-            self.predictor
-                .get_or_insert_with(|| Predictor::new(inner.cfg.fault_readahead))
-                .on_fault(reg.id, f.tid, vpn)
+            let predictor = self
+                .predictor
+                .get_or_insert_with(|| Predictor::new(inner.cfg.fault_readahead));
+            let p = predictor.on_fault(reg.id, f.tid, vpn);
+            let t = predictor.take_tally();
+            let c = &inner.stats.c;
+            add(&c.fault_predicted_pages, t.predicted);
+            add(&c.fault_prefetch_used, t.used);
+            add(&c.fault_prefetch_wasted, t.wasted);
+            p
         } else {
             None
         };

@@ -13,6 +13,12 @@
 //!   for a small window. Random faults have no run and no majority: no prediction.
 //!
 //! The predictor only names pages; the fault path fetches them in the prefetch class.
+//!
+//! **Accuracy and coverage.** An unhinted read of a mapped page leaves no trace, so use is
+//! inferred from the stream, as the kernel's read-ahead does: when a fault continues a run,
+//! the predicted pages it walked past were used (no fault on them); when a run breaks, the
+//! predicted pages beyond its last fault were not. A majority prediction starts a run, so its
+//! pages are accounted the same way.
 
 use std::collections::HashMap;
 
@@ -97,10 +103,21 @@ impl Stream {
     }
 }
 
+/// Pages predicted, and how they turned out (inferred from the streams, see above).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub predicted: u64,
+    /// Walked past by their stream without a fault: the prefetch saved a fault.
+    pub used: u64,
+    /// Left behind by a broken run.
+    pub wasted: u64,
+}
+
 /// Per-runtime predictor state (owned by a fault-serving thread).
 pub struct Predictor {
     streams: HashMap<(u32, u32), Stream>,
     max_window: usize,
+    tally: Tally,
 }
 
 impl Predictor {
@@ -108,7 +125,13 @@ impl Predictor {
         Predictor {
             streams: HashMap::new(),
             max_window,
+            tally: Tally::default(),
         }
+    }
+
+    /// What was predicted since the last call, and how it turned out.
+    pub fn take_tally(&mut self) -> Tally {
+        std::mem::take(&mut self.tally)
     }
 
     /// A fault at `vpn` in `region` by thread `tid`: the pages worth fetching ahead of the
@@ -132,30 +155,39 @@ impl Predictor {
         }
         s.remember(step);
         let prediction = if s.continues_run(vpn) {
+            // The pages strictly between the last fault and this one were predicted and
+            // read without a fault.
+            self.tally.used += (step / s.stride) as u64 - 1;
             s.window = (s.window * 2).clamp(MIN_WINDOW.min(max), max);
-            run_prediction(s, vpn)
-        } else if step.abs() == 1 || (step == s.last_step && s.n_steps >= 2) {
-            s.stride = step;
-            s.window = s.start_window;
-            s.next = offset(vpn, step);
             run_prediction(s, vpn)
         } else {
             if s.stride != 0 {
-                // A run broke: start the next one smaller.
+                // A run broke: what it predicted beyond its last fault went unused, and the
+                // next run starts smaller.
+                let beyond = (s.next as isize - s.last as isize) / s.stride;
+                self.tally.wasted += (beyond - 1).max(0) as u64;
                 s.start_window = (s.window / 2).max(MIN_WINDOW.min(max));
                 s.stride = 0;
                 s.window = 0;
             }
-            s.majority().map(|m| {
-                let count = MIN_WINDOW.min(max);
-                Prediction {
-                    start: offset(vpn, m),
-                    stride: m,
-                    count,
-                    tier: 2,
-                }
-            })
+            if step.abs() == 1 || (step == s.last_step && s.n_steps >= 2) {
+                s.stride = step;
+                s.window = s.start_window;
+                s.next = offset(vpn, step);
+                run_prediction(s, vpn)
+            } else if let Some(m) = s.majority() {
+                // Follow the majority as a short run (so its pages are accounted too).
+                s.stride = m;
+                s.window = MIN_WINDOW.min(max);
+                s.next = offset(vpn, m);
+                run_prediction(s, vpn).map(|p| Prediction { tier: 2, ..p })
+            } else {
+                None
+            }
         };
+        if let Some(p) = &prediction {
+            self.tally.predicted += p.count as u64;
+        }
         s.last_step = step;
         s.last = vpn;
         prediction
@@ -320,6 +352,27 @@ mod tests {
             }
         }
         assert_eq!(pages(last), [v + 2, v + 4, v + 6, v + 8]);
+    }
+
+    #[test]
+    fn accuracy_is_inferred_from_the_stream() {
+        let mut p = Predictor::new(64);
+        // A scan of 0..200 that faults only where nothing was predicted.
+        let mut v = 0;
+        while v < 200 {
+            let q = p.on_fault(1, 1, v);
+            v = q.map_or(v + 1, |q| q.start + q.count);
+        }
+        let t = p.take_tally();
+        assert!(t.predicted >= 190, "{t:?}");
+        // Everything predicted before the last fault was walked past.
+        assert!(t.used + 64 >= t.predicted && t.used > 100, "{t:?}");
+        assert_eq!(t.wasted, 0);
+        // Jump elsewhere: the last window was not used.
+        p.on_fault(1, 1, 100_000);
+        let t2 = p.take_tally();
+        assert!(t2.wasted > 0 && t2.used == 0, "{t2:?}");
+        assert_eq!(t.predicted, t.used + t2.wasted, "every page accounted once");
     }
 
     #[test]

@@ -82,6 +82,9 @@ counters! {
     fetch_ns_total: "Total time spent fetching (all threads), nanoseconds.",
     pages_discarded: "Pages discarded (munmap, MADV_DONTNEED, allocator purge): read as zeros again.",
     fork_fetched_pages: "Far pages brought back before a fork so that the child sees them.",
+    fault_predicted_pages: "Pages the fault predictor asked to read ahead.",
+    fault_prefetch_used: "Of those, pages their stream then read without a fault (inferred).",
+    fault_prefetch_wasted: "Of those, pages left behind by a broken run (inferred).",
 }
 
 pub struct Stats {
@@ -183,6 +186,23 @@ impl StatsSnapshot {
     }
 }
 
+impl StatsSnapshot {
+    /// Unhinted prefetch accuracy: predicted pages used / predicted pages whose fate is known
+    /// (inferred from the fault streams; pages of runs still going are not counted yet).
+    pub fn prefetch_accuracy(&self) -> Option<f64> {
+        let known = self.fault_prefetch_used + self.fault_prefetch_wasted;
+        (known > 0).then(|| self.fault_prefetch_used as f64 / known as f64)
+    }
+
+    /// Unhinted prefetch coverage: faults avoided by prefetching / faults there would have
+    /// been without it (the avoided ones plus those that happened).
+    pub fn prefetch_coverage(&self) -> Option<f64> {
+        let all = self.fault_prefetch_used + self.unhinted_faults;
+        (self.fault_predicted_pages > 0 && all > 0)
+            .then(|| self.fault_prefetch_used as f64 / all as f64)
+    }
+}
+
 fn mib(b: u64) -> f64 {
     b as f64 / (1u64 << 20) as f64
 }
@@ -211,6 +231,14 @@ impl fmt::Display for StatsSnapshot {
             } else {
                 writeln!(f, "  {:<20}{:>12}", name, v)?;
             }
+        }
+        if let (Some(a), Some(c)) = (self.prefetch_accuracy(), self.prefetch_coverage()) {
+            writeln!(
+                f,
+                "  unhinted prefetch   accuracy {:.1}%  coverage {:.1}%",
+                a * 100.0,
+                c * 100.0
+            )?;
         }
         writeln!(
             f,

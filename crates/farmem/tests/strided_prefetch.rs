@@ -61,7 +61,12 @@ fn strided_scans_read_back_right_and_are_predicted() {
         );
         let faults = s.unhinted_faults - before.unhinted_faults;
         let prefetched = s.prefetch_pages - before.prefetch_pages;
-        eprintln!("stride {stride}: {read} pages, {faults} faults, {prefetched} prefetched");
+        let used = s.fault_prefetch_used - before.fault_prefetch_used;
+        let wasted = s.fault_prefetch_wasted - before.fault_prefetch_wasted;
+        eprintln!(
+            "stride {stride}: {read} pages, {faults} faults, {prefetched} prefetched, \
+             {used} used, {wasted} wasted"
+        );
         assert!(
             prefetched > 0,
             "stride {stride}: nothing was prefetched: {s}"

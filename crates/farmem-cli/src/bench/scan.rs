@@ -19,6 +19,40 @@ use super::swap::{SwapBaseline, SwapKind};
 pub enum Pattern {
     Seq,
     Rand,
+    /// Every page, in [`STRIDE`] passes of one page in `STRIDE` each (0, 5, 10, ..., then
+    /// 1, 6, 11, ...): strided runs for the fault predictor.
+    Stride,
+}
+
+/// The step of the `stride` pattern, in pages.
+const STRIDE: usize = 5;
+
+/// The page orders of the patterns over `npages` pages.
+struct Orders {
+    seq: Vec<u32>,
+    rand: Vec<u32>,
+    stride: Vec<u32>,
+}
+
+impl Orders {
+    fn new(npages: usize) -> Orders {
+        Orders {
+            seq: (0..npages as u32).collect(),
+            rand: permutation(npages, 0x1234_5678),
+            stride: (0..STRIDE)
+                .flat_map(|s| (s..npages).step_by(STRIDE))
+                .map(|p| p as u32)
+                .collect(),
+        }
+    }
+
+    fn of(&self, p: Pattern) -> &[u32] {
+        match p {
+            Pattern::Seq => &self.seq,
+            Pattern::Rand => &self.rand,
+            Pattern::Stride => &self.stride,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -60,7 +94,7 @@ pub struct Args {
     /// Local memory as percentages of the region size.
     #[arg(long, value_delimiter = ',', default_value = "100,50,25,10")]
     local: Vec<f64>,
-    /// Access patterns: one read per page, in order or in a random permutation.
+    /// Access patterns: one read per page, in order, in a random permutation, or strided.
     #[arg(long, value_delimiter = ',', value_enum, default_value = "seq,rand")]
     patterns: Vec<Pattern>,
     /// Access modes.
@@ -91,6 +125,10 @@ pub struct Args {
     /// Skip the hint fast-path measurement (needs cc; valgrind for instruction counts).
     #[arg(long)]
     no_hint_cost: bool,
+    /// Also measure each backend with the fault predictor off (FARMEM_FAULT_READAHEAD=0),
+    /// named BACKEND/nopf, to show what unhinted prefetching gains.
+    #[arg(long)]
+    no_prefetch_too: bool,
 }
 
 fn value(page: usize) -> u64 {
@@ -138,6 +176,8 @@ struct Row {
     ratio: f64,
     faults: u64,
     fetched: u64,
+    /// Unhinted prefetch (accuracy, coverage) over the point's runs, when it predicted.
+    prefetch: Option<(f64, f64)>,
 }
 
 /// The backends to measure; `tcp://auto` starts a server for the run.
@@ -189,10 +229,9 @@ pub fn run(a: Args) -> Result<()> {
     }
     // Other settings (FARMEM_EVICT_BATCH, FARMEM_FAULT_SPIN_US, ...) come from the environment.
     let base_cfg = Config::from_env().context("FARMEM_* settings")?;
-    let seq: Vec<u32> = (0..npages as u32).collect();
-    let rand = permutation(npages, 0x1234_5678);
+    let orders = Orders::new(npages);
     let expect = (0..npages).fold(0u64, |s, p| s.wrapping_add(value(p)));
-    let order = |p: Pattern| if p == Pattern::Seq { &seq } else { &rand };
+    let order = |p: Pattern| orders.of(p);
 
     // The native array: plain anonymous memory, populated before timing.
     let native = farmem::sys::mem::map_anon(size, libc::PROT_READ | libc::PROT_WRITE)?;
@@ -224,12 +263,25 @@ pub fn run(a: Args) -> Result<()> {
         let budget = (size as f64 * pct / 100.0 / (1.0 - free)) as u64 + (256 * PAGE_SIZE) as u64;
         // One runtime and region per backend, all filled before any is timed.
         let mut setups = Vec::new();
-        for spec in &specs {
-            let rt = Runtime::new(Config {
+        let variants: Vec<(&BackendSpec, bool)> = specs
+            .iter()
+            .flat_map(|s| {
+                let off = a.no_prefetch_too.then_some((s, false));
+                std::iter::once((s, true)).chain(off)
+            })
+            .collect();
+        for (spec, prefetch) in variants {
+            let mut cfg = Config {
                 local_mem: budget,
                 backend: spec.clone(),
                 ..base_cfg.clone()
-            })?;
+            };
+            let mut name = spec_name(spec);
+            if !prefetch {
+                cfg.fault_readahead = 0;
+                name.push_str("/nopf");
+            }
+            let rt = Runtime::new(cfg)?;
             let region = rt.create_region(size)?;
             let base = region.as_mut_ptr();
             for chunk in (0..npages).step_by(64) {
@@ -242,7 +294,7 @@ pub fn run(a: Args) -> Result<()> {
                     unsafe { (p.add(i * PAGE_SIZE) as *mut u64).write(value(chunk + i)) };
                 }
             }
-            setups.push((spec_name(spec), rt, region));
+            setups.push((name, rt, region));
         }
         for &pat in &a.patterns {
             for &mode in &a.modes {
@@ -279,6 +331,7 @@ pub fn run(a: Args) -> Result<()> {
                         faults: (after.unhinted_faults - before[i].unhinted_faults)
                             / a.repeat as u64,
                         fetched: (after.pages_fetched - before[i].pages_fetched) / a.repeat as u64,
+                        prefetch: prefetch_quality(&before[i], &after),
                     });
                 }
             }
@@ -295,8 +348,8 @@ pub fn run(a: Args) -> Result<()> {
         println!("  native {p:?}: {r:.0} pages/s");
     }
     println!(
-        "{:>9} {:>6} {:>5} {:>10} {:>12} {:>8} {:>10} {:>10}",
-        "backend", "local", "scan", "mode", "pages/s", "ratio", "faults", "fetched"
+        "{:>12} {:>6} {:>6} {:>10} {:>12} {:>8} {:>10} {:>10} {:>10}",
+        "backend", "local", "scan", "mode", "pages/s", "ratio", "faults", "fetched", "acc cov"
     );
     print_rows(&rows);
     drop(server);
@@ -348,6 +401,8 @@ pub fn run(a: Args) -> Result<()> {
                 "ratio_to_native": r.ratio,
                 "unhinted_faults": r.faults,
                 "pages_fetched": r.fetched,
+                "prefetch_accuracy": r.prefetch.map(|p| p.0),
+                "prefetch_coverage": r.prefetch.map(|p| p.1),
                 "linux_swap": r.swap,
             })).collect::<Vec<_>>(),
             "hint_fast_path": hint_cost.map(|h| serde_json::json!({
@@ -362,10 +417,31 @@ pub fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
+/// Accuracy and coverage of unhinted prefetching between two snapshots (see
+/// `StatsSnapshot::prefetch_accuracy`).
+fn prefetch_quality(
+    before: &farmem::StatsSnapshot,
+    after: &farmem::StatsSnapshot,
+) -> Option<(f64, f64)> {
+    let used = after.fault_prefetch_used - before.fault_prefetch_used;
+    let wasted = after.fault_prefetch_wasted - before.fault_prefetch_wasted;
+    let faults = after.unhinted_faults - before.unhinted_faults;
+    (used + wasted > 0).then(|| {
+        (
+            used as f64 / (used + wasted) as f64,
+            used as f64 / (used + faults).max(1) as f64,
+        )
+    })
+}
+
 fn print_rows(rows: &[Row]) {
     for r in rows {
+        let pf = r
+            .prefetch
+            .map(|(a, c)| format!("{:.0}% {:.0}%", a * 100.0, c * 100.0))
+            .unwrap_or_else(|| "-".into());
         println!(
-            "{:>9} {:>5}% {:>5} {:>10} {:>12.0} {:>8.3} {:>10} {:>10}",
+            "{:>12} {:>5}% {:>6} {:>10} {:>12.0} {:>8.3} {:>10} {:>10} {:>10}",
             r.backend,
             r.local_pct,
             format!("{:?}", r.pattern).to_lowercase(),
@@ -373,7 +449,8 @@ fn print_rows(rows: &[Row]) {
             r.pages_per_s,
             r.ratio,
             r.faults,
-            r.fetched
+            r.fetched,
+            pf
         );
     }
 }
@@ -451,6 +528,7 @@ fn swap_rows(
             ratio: m / native_of(pat),
             faults: 0,
             fetched: swapped_in / (a.repeat * a.patterns.len()) as u64,
+            prefetch: None,
         });
     }
     Ok(rows)
@@ -466,11 +544,10 @@ pub fn native_scan(a: NativeArgs) -> Result<()> {
         unsafe { (native.add(p * PAGE_SIZE) as *mut u64).write(value(p)) };
     }
     let expect = (0..npages).fold(0u64, |s, p| s.wrapping_add(value(p)));
-    let seq: Vec<u32> = (0..npages as u32).collect();
-    let rand = permutation(npages, 0x1234_5678);
+    let orders = Orders::new(npages);
     let mut out = serde_json::Map::new();
     for &pat in &a.patterns {
-        let order = if pat == Pattern::Seq { &seq } else { &rand };
+        let order = orders.of(pat);
         let mut runs = Vec::new();
         for _ in 0..a.repeat {
             let (r, s) = scan(native, order, None);

@@ -159,6 +159,17 @@ impl Report {
             "  time in faults         {:>10.3} s (fetching, all threads)",
             pages("fetch_ns_total") as f64 / 1e9
         );
+        let (used, wasted) = (pages("fault_prefetch_used"), pages("fault_prefetch_wasted"));
+        if used + wasted > 0 {
+            let faults = pages("unhinted_faults");
+            let _ = writeln!(
+                o,
+                "  unhinted prefetch      {:>10} pages predicted  accuracy {:.1}%  coverage {:.1}%",
+                pages("fault_predicted_pages"),
+                100.0 * used as f64 / (used + wasted) as f64,
+                100.0 * used as f64 / (used + faults).max(1) as f64
+            );
+        }
         if pages("fork_fetched_pages") > 0 {
             let _ = writeln!(
                 o,
