@@ -53,6 +53,8 @@ const WORKLOADS: [&str; 6] = [
 /// The C program of the fork test: builds a heap, lets most of it be evicted, forks without
 /// exec, and parent and child verify all of it.
 const FORK_C: &str = include_str!("../../tests/programs/fork.c");
+/// The test programs' shared data pattern, which `fork.c` includes.
+const PATTERN_H: &str = include_str!("../../tests/programs/pattern.h");
 
 /// A program run: argv, the files it needs, and whether its result is its stdout.
 struct Workload {
@@ -166,6 +168,7 @@ fn workload(name: &str, dir: &Path, mib: u64) -> Result<Workload> {
             ))
         }
         "c-fork" => {
+            write(dir, "pattern.h", PATTERN_H)?;
             let src = write(dir, "fork.c", FORK_C)?;
             let exe = dir.join("fork");
             let st = Command::new("cc")

@@ -21,19 +21,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "pattern.h"
+
 #define NWORKERS 4
 #define SLOTS 24
 
 static atomic_long ops;
 static long exit_after;
 static int exit_from_thread;
-
-static uint64_t mix(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
 
 static void *worker(void *arg) {
     int tid = (int)(intptr_t)arg;

@@ -29,6 +29,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "pattern.h"
+
 #define MIB (1024UL * 1024UL)
 #define MMAP_PIECE (1 * MIB)
 #define MAX_BLOCKS 32768
@@ -49,26 +51,10 @@ static struct blk blocks[MAX_BLOCKS];
 static int nblocks;
 static const char *who = "parent";
 
-static uint64_t mix(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
 static uint64_t rng_state = 12345;
 static uint64_t rnd(void) { return mix(rng_state++); }
 
 static uint64_t seed_of(int i, int version) { return mix((uint64_t)i * 16 + (uint64_t)version + 1); }
-
-static void fill(unsigned char *p, size_t n, uint64_t seed) {
-    size_t nw = n / 8;
-    uint64_t *w = (uint64_t *)p;
-    for (size_t i = 0; i < nw; i++)
-        w[i] = seed + i * 0x9e3779b97f4a7c15ULL;
-    for (size_t i = nw * 8; i < n; i++)
-        p[i] = (unsigned char)(seed >> (8 * (i & 7))) ^ (unsigned char)i;
-}
 
 /* Offset of the first byte that differs from the pattern, or -1. */
 static long check(const unsigned char *p, size_t n, uint64_t seed) {
@@ -124,7 +110,7 @@ static int verify_all(const char *when, unsigned view) {
 static void write_version(int version) {
     for (int i = 0; i < nblocks; i++)
         if (blocks[i].live && expected_version(i, 1u << version) == version)
-            fill(blocks[i].p, blocks[i].n, seed_of(i, version));
+            fill_block(blocks[i].p, blocks[i].n, seed_of(i, version));
 }
 
 static size_t random_size(void) {
@@ -208,7 +194,7 @@ static void build_heap(void) {
         nblocks++;
     }
     for (int i = 0; i < nblocks; i++)
-        fill(blocks[i].p, blocks[i].n, seed_of(i, 0));
+        fill_block(blocks[i].p, blocks[i].n, seed_of(i, 0));
     /* Holes: free every 7th malloc'ed block (never verified again). */
     for (int i = 0; i < nblocks; i += 7)
         if (blocks[i].kind == K_MALLOC) {
@@ -227,7 +213,7 @@ static int churn(const char *tag) {
         p[i] = malloc(n[i]);
         if (!p[i])
             die("malloc in child");
-        fill(p[i], n[i], mix(1000000 + i));
+        fill_block(p[i], n[i], mix(1000000 + i));
     }
     for (int i = 0; i < N; i += 2) { /* grow and shrink */
         size_t m = (i % 4 == 0) ? n[i] * 3 + 100 : n[i] / 2 + 1;
@@ -243,7 +229,7 @@ static int churn(const char *tag) {
         }
         p[i] = q;
         n[i] = m;
-        fill(p[i], n[i], mix(1000000 + i));
+        fill_block(p[i], n[i], mix(1000000 + i));
     }
     for (int i = 0; i < N; i++) {
         if (check(p[i], n[i], mix(1000000 + i)) >= 0) {

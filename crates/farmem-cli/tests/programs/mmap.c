@@ -30,17 +30,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "pattern.h"
+
 #define MIB (1024UL * 1024UL)
 #define PAGE 4096UL
 
 static const char *step = "start";
-
-static uint64_t mix(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
 
 /* The pattern is a function of the word's offset from the start of the mapping, so that a
  * subrange can be checked on its own. */

@@ -27,6 +27,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "pattern.h"
+
 #define NSTABLE 96
 #define STABLE_SIZE (512 * 1024) /* 48 MiB in all */
 #define WINDOW (16 * 1024)
@@ -44,13 +46,6 @@ static volatile int bad_sig, bad_block;
 static volatile long bad_off;
 static volatile uint64_t bad_gen, bad_sum, bad_want;
 static volatile size_t bad_window;
-
-static uint64_t mix(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
 
 static uint64_t seed_of(int block, uint64_t generation) {
     return mix(((uint64_t)block << 32) ^ generation);

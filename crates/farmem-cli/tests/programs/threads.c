@@ -21,6 +21,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "pattern.h"
+
 #define SLOTS 40
 #define SHARED 64
 
@@ -40,26 +42,10 @@ static atomic_int failed;
 static pthread_mutex_t shared_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct blk shared[SHARED];
 
-static uint64_t mix(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
 struct rng {
     uint64_t s;
 };
 static uint64_t rnd(struct rng *r) { return mix(r->s++); }
-
-static void fill(unsigned char *p, size_t n, uint64_t seed) {
-    size_t nw = n / 8;
-    uint64_t *w = (uint64_t *)p;
-    for (size_t i = 0; i < nw; i++)
-        w[i] = seed + i * 0x9e3779b97f4a7c15ULL;
-    for (size_t i = nw * 8; i < n; i++)
-        p[i] = (unsigned char)(seed >> (8 * (i & 7))) ^ (unsigned char)i;
-}
 
 /* First differing offset among the first n bytes of a block patterned over `total` bytes
  * (n <= total; when n < total only whole words are compared), or -1. */
@@ -162,7 +148,7 @@ static int alloc_block(int tid, struct rng *r, struct blk *b) {
                 return fail(tid, "calloc memory not zero", b, (long)i);
     }
     b->seed = rnd(r);
-    fill(p, b->usable, b->seed);
+    fill_block(p, b->usable, b->seed);
     return 0;
 }
 
@@ -203,7 +189,7 @@ static int realloc_block(int tid, struct rng *r, struct blk *b) {
     if (nb.usable < n)
         return fail(tid, "malloc_usable_size smaller than requested after realloc", &nb, -1);
     nb.seed = rnd(r);
-    fill(q, nb.usable, nb.seed);
+    fill_block(q, nb.usable, nb.seed);
     *b = nb;
     return 0;
 }
