@@ -15,6 +15,7 @@
 //! ```
 
 pub mod backend;
+mod book;
 mod capi;
 pub mod config;
 mod discard;

@@ -252,8 +252,12 @@ fn complete(inner: &Inner, b: Batch) -> Result<()> {
         mode: Mode::Hint,
     };
     fetch::install_phase(inner, &b.reg, &req, &b.pages, b.read, give_buf)?;
-    let vpns: Vec<usize> = b.pages.iter().map(|l| l.vpn).collect();
-    inner.policy.lock().insert(&vpns, b.prio);
+    if inner
+        .book
+        .note_fetched(b.pages.iter().map(|l| l.vpn), b.prio, None)
+    {
+        inner.kick_control();
+    }
     Ok(())
 }
 

@@ -59,7 +59,7 @@ pub(crate) fn reserve(inner: &Inner, n: usize) {
                 tracing::warn!(
                     resident = inner.resident.load(Ordering::Relaxed),
                     budget = inner.budget,
-                    tracked = inner.policy.lock().len(),
+                    tracked = inner.policy().len(),
                     "no page can be evicted; waiting for in-flight work"
                 );
             }
@@ -151,8 +151,7 @@ pub(crate) fn evict_batch(inner: &Inner, max: usize) -> usize {
     let t0 = Instant::now();
     let mut cands = Vec::with_capacity(max);
     inner
-        .policy
-        .lock()
+        .policy()
         .take_victims(max, &mut cands, &crate::policy::PageTableBits);
     if cands.is_empty() {
         return 0;
@@ -321,6 +320,8 @@ pub(crate) fn control_thread(inner: Arc<Inner>) {
     let mut stealer = crate::fault::FaultServer::new();
     while !inner.shutdown.load(Ordering::Acquire) {
         crate::prefetch::sweep(&inner, Duration::from_millis(50));
+        // The fetch paths' queued bookkeeping, in one batch.
+        drop(inner.policy());
         let busy = inner.fault_busy_since.load(Ordering::Acquire);
         if busy != 0 && inner.now_ns().saturating_sub(busy) > steal_after {
             stealer.steal(&inner);

@@ -27,6 +27,8 @@ pub(crate) struct Inner {
     pub unmapper: Unmapper,
     pub backend: Arc<dyn Backend>,
     pub policy: Mutex<Box<dyn Policy>>,
+    /// Bookkeeping deferred off the fetch path, drained into `policy` (see `book.rs`).
+    pub book: crate::book::Book,
     /// Budget and free target, in pages.
     pub budget: usize,
     pub free_target: usize,
@@ -85,7 +87,16 @@ impl Inner {
         }
     }
 
+    /// The reclaim policy, with every page fetched so far handed to it.
+    pub fn policy(&self) -> parking_lot::MutexGuard<'_, Box<dyn Policy>> {
+        let mut p = self.policy.lock();
+        self.book.drain(p.as_mut(), &self.stats);
+        p
+    }
+
     pub fn snapshot(&self) -> StatsSnapshot {
+        // Latencies still queued belong in the histogram.
+        drop(self.policy());
         let mut s = self.stats.snapshot();
         s.budget_bytes = (self.budget * PAGE_SIZE) as u64;
         s.resident_pages = self.resident.load(Ordering::Relaxed) as u64;
@@ -217,6 +228,7 @@ impl Runtime {
             free_target: cfg.free_target_pages(),
             backend,
             policy: Mutex::new(policy::build(cfg.policy)),
+            book: Default::default(),
             cfg,
             uffd,
             unmapper: Unmapper::new(),

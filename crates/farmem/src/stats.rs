@@ -115,9 +115,16 @@ pub fn add(c: &AtomicU64, n: u64) {
 }
 
 impl Stats {
-    pub fn record_fetch(&self, ns: u64) {
-        add(&self.c.fetch_ns_total, ns);
-        let _ = self.fetch_ns.lock().record(ns.max(1));
+    /// Record a batch of fetch latencies (drained from the per-thread queues, `book.rs`).
+    pub fn record_fetches(&self, ns: &[u64]) {
+        if ns.is_empty() {
+            return;
+        }
+        add(&self.c.fetch_ns_total, ns.iter().sum());
+        let mut h = self.fetch_ns.lock();
+        for &n in ns {
+            let _ = h.record(n.max(1));
+        }
     }
 
     pub fn record_evict(&self, ns: u64) {
