@@ -1,7 +1,8 @@
 //! The fetch path, shared by hints (on the application thread) and unhinted faults (on the
 //! runtime's fault thread): lock the pages, reserve budget, read them from the backend (or
 //! materialize zeros), install each contiguous run with one `UFFDIO_COPY`, mark them
-//! present, release the locks and hand them to the reclaim policy.
+//! present, release the locks and wake the waiters. Handing the pages to the reclaim policy
+//! is queued for the control thread (`book.rs`).
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -290,9 +291,15 @@ fn fetch_locked(
         })?;
     }
     add(&inner.stats.c.readahead_pages, ahead_len as u64);
-    let vpns: Vec<usize> = batch.iter().map(|l| l.vpn).collect();
-    inner.policy.lock().insert(&vpns, req.prio);
-    inner.stats.record_fetch(t0.elapsed().as_nanos() as u64);
+    // Bookkeeping is queued, not done here: the policy and the histogram are shared with
+    // every other fetching thread and the reclaimer (PFA's minimal fault path).
+    let ns = t0.elapsed().as_nanos() as u64;
+    if inner
+        .book
+        .note_fetched(batch.iter().map(|l| l.vpn), req.prio, Some(ns))
+    {
+        inner.kick_control();
+    }
     Ok(batch.len())
 }
 
@@ -408,22 +415,22 @@ pub(crate) fn install_phase(
             ptr
         };
         packed += remote;
-        let mut mode = if run[0].writable {
+        let mode = if run[0].writable {
             0
         } else {
             uffd::COPY_MODE_WP
         };
-        if req.mode == Mode::Fault {
-            // Wake the faulting thread only once the metadata says "present", so what it
-            // observes (is_resident, statistics) is already consistent when it resumes.
-            mode |= uffd::COPY_MODE_DONTWAKE;
-        }
+        // Counted first: a woken thread that reads the statistics sees its page counted.
+        add(&inner.stats.c.install_ioctls, 1);
+        add(&inner.stats.c.pages_installed, run.len() as u64);
+        // The copy wakes the faulting threads itself (PFA's minimal path: no separate
+        // UFFDIO_WAKE, ~4% of an unhinted fault here). A woken thread may find the page's
+        // metadata still locked for the few nanoseconds until the loop below: hints then
+        // wait on the lock, and `Region::is_resident` waits for it too.
         inner
             .uffd
             .copy(addr_of(run[0].vpn), src, run.len() * PAGE_SIZE, mode)
             .map_err(|e| Error::sys("installing pages (UFFDIO_COPY)", e))?;
-        add(&inner.stats.c.install_ioctls, 1);
-        add(&inner.stats.c.pages_installed, run.len() as u64);
         if let Some(s) = scratch {
             give_buf(&SCRATCH, s);
         }
@@ -436,12 +443,6 @@ pub(crate) fn install_phase(
                 keep | NOWRITE
             };
             pt::unlock(pt::entry(l.vpn), new | prio);
-        }
-        if req.mode == Mode::Fault {
-            inner
-                .uffd
-                .wake(addr_of(run[0].vpn), run.len() * PAGE_SIZE)
-                .map_err(|e| Error::sys("waking faulting threads", e))?;
         }
         i = j;
     }

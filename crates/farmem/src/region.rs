@@ -115,10 +115,7 @@ pub(crate) fn map(inner: &Inner, id: u32, len: usize, at: Option<usize>) -> Resu
 pub(crate) fn unmap(inner: &Inner, info: &RegionInfo) {
     // Read-ahead in flight holds some pages locked: finish it first.
     crate::prefetch::complete_range(inner, info.first_vpn(), info.end_vpn());
-    inner
-        .policy
-        .lock()
-        .remove_range(info.first_vpn(), info.npages);
+    inner.policy().remove_range(info.first_vpn(), info.npages);
     // Take every page's lock and keep it until the metadata is cleared: an evictor that took
     // a page from the policy just before it forgot the region can then neither evict it after
     // we counted it (which would return its budget twice) nor find it half torn down.
@@ -139,10 +136,7 @@ pub(crate) fn unmap(inner: &Inner, info: &RegionInfo) {
         }
     }
     // An evictor that found one of our pages locked may have put it back meanwhile.
-    inner
-        .policy
-        .lock()
-        .remove_range(info.first_vpn(), info.npages);
+    inner.policy().remove_range(info.first_vpn(), info.npages);
     page_table::unregister(info.first_vpn(), info.npages);
     let _ = inner.uffd.unregister(info.base, info.npages * PAGE_SIZE);
     // The region's handle is being dropped and its metadata cleared: nothing the runtime
@@ -193,7 +187,15 @@ impl Region {
     /// Whether the page holding `offset` is local right now (for tests and tools).
     pub fn is_resident(&self, offset: usize) -> bool {
         assert!(offset < self.len(), "offset out of region");
-        let w = page_table::entry((self.info.base + offset) >> PAGE_SHIFT).load(Ordering::Acquire);
+        let e = page_table::entry((self.info.base + offset) >> PAGE_SHIFT);
+        let mut w = e.load(Ordering::Acquire);
+        while w & LOCKED != 0 {
+            // A thread woken by a page's install can get here before the installer marks
+            // it present (the installer may even be preempted in between): answer for after
+            // the transition, as every lock holder releases soon.
+            page_table::wait_unlocked(e, 1000);
+            w = e.load(Ordering::Acquire);
+        }
         w & ABSENT == 0
     }
 

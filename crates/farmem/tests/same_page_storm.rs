@@ -255,8 +255,8 @@ fn hinted_write_range_storm() {
 }
 
 /// `Region::is_resident` is documented as "whether the page is local right now". Right after
-/// an unhinted access returns, the metadata must already say so: the fault path installs with
-/// UFFDIO_COPY_MODE_DONTWAKE and wakes the faulting thread only after unlocking the page.
+/// an unhinted access returns, it must say so (the install wakes the faulting thread before
+/// the metadata is unlocked; `is_resident` waits for the lock).
 #[test]
 fn page_is_resident_as_soon_as_an_unhinted_access_returns() {
     const PAGES: usize = 16_384;
