@@ -165,6 +165,33 @@ fn scan(base: *const u8, order: &[u32], mode: Option<Mode>) -> (f64, u64) {
     (order.len() as f64 / t.elapsed().as_secs_f64(), sum)
 }
 
+/// Plain loads in `order`, each timed: the fault path's latency as the program sees it
+/// (fault, fetch, install, wake-up) for the pages that miss. Returns (pages/s, checksum,
+/// per-access nanoseconds).
+fn scan_timed(base: *const u8, order: &[u32]) -> (f64, u64, Vec<u64>) {
+    let mut lat = Vec::with_capacity(order.len());
+    let t = Instant::now();
+    let mut sum = 0u64;
+    for &pg in order {
+        // SAFETY: every page index in `order` is inside the mapping at `base`.
+        let p = unsafe { base.add(pg as usize * PAGE_SIZE) } as *const u64;
+        let t0 = Instant::now();
+        // SAFETY: as above; volatile so the load is neither removed nor moved.
+        sum = sum.wrapping_add(unsafe { p.read_volatile() });
+        lat.push(t0.elapsed().as_nanos() as u64);
+    }
+    (order.len() as f64 / t.elapsed().as_secs_f64(), sum, lat)
+}
+
+/// The `q` quantile (0..=1) of a sample, in place.
+fn quantile(v: &mut [u64], q: f64) -> u64 {
+    if v.is_empty() {
+        return 0;
+    }
+    let i = ((v.len() - 1) as f64 * q).round() as usize;
+    *v.select_nth_unstable(i).1
+}
+
 struct Row {
     backend: String,
     /// What Linux swap did during the run (swap rows only).
@@ -178,6 +205,9 @@ struct Row {
     fetched: u64,
     /// Unhinted prefetch (accuracy, coverage) over the point's runs, when it predicted.
     prefetch: Option<(f64, f64)>,
+    /// Unhinted random scans: per-access latency of the misses (p50, p99 ns), i.e. the
+    /// fault path end to end.
+    miss_latency: Option<(u64, u64)>,
 }
 
 /// The backends to measure; `tcp://auto` starts a server for the run.
@@ -300,6 +330,10 @@ pub fn run(a: Args) -> Result<()> {
             for &mode in &a.modes {
                 // Repetitions go round the backends, so that a noisy moment hits all alike.
                 let mut runs = vec![Vec::new(); setups.len()];
+                // Unhinted random reads miss on most pages and no prefetch hides them: their
+                // timings are the fault path's latency.
+                let timed = pat == Pattern::Rand && mode == Mode::Unhinted;
+                let mut lats = vec![Vec::new(); setups.len()];
                 let before: Vec<_> = setups.iter().map(|(_, rt, _)| rt.stats()).collect();
                 for _ in 0..a.repeat {
                     for (i, (name, _, region)) in setups.iter().enumerate() {
@@ -308,7 +342,13 @@ pub fn run(a: Args) -> Result<()> {
                              elapsed)      ",
                             started.elapsed().as_secs_f64()
                         );
-                        let (r, s) = scan(region.as_mut_ptr(), order(pat), Some(mode));
+                        let (r, s) = if timed {
+                            let (r, s, l) = scan_timed(region.as_mut_ptr(), order(pat));
+                            lats[i].extend(l);
+                            (r, s)
+                        } else {
+                            scan(region.as_mut_ptr(), order(pat), Some(mode))
+                        };
                         assert_eq!(
                             s, expect,
                             "far-memory checksum ({name} {pct}% {pat:?} {mode:?})"
@@ -332,6 +372,7 @@ pub fn run(a: Args) -> Result<()> {
                             / a.repeat as u64,
                         fetched: (after.pages_fetched - before[i].pages_fetched) / a.repeat as u64,
                         prefetch: prefetch_quality(&before[i], &after),
+                        miss_latency: miss_latency(&mut lats[i]),
                     });
                 }
             }
@@ -348,8 +389,17 @@ pub fn run(a: Args) -> Result<()> {
         println!("  native {p:?}: {r:.0} pages/s");
     }
     println!(
-        "{:>12} {:>6} {:>6} {:>10} {:>12} {:>8} {:>10} {:>10} {:>10}",
-        "backend", "local", "scan", "mode", "pages/s", "ratio", "faults", "fetched", "acc cov"
+        "{:>12} {:>6} {:>6} {:>10} {:>12} {:>8} {:>10} {:>10} {:>10} {:>12}",
+        "backend",
+        "local",
+        "scan",
+        "mode",
+        "pages/s",
+        "ratio",
+        "faults",
+        "fetched",
+        "acc cov",
+        "miss p50/p99"
     );
     print_rows(&rows);
     drop(server);
@@ -403,6 +453,8 @@ pub fn run(a: Args) -> Result<()> {
                 "pages_fetched": r.fetched,
                 "prefetch_accuracy": r.prefetch.map(|p| p.0),
                 "prefetch_coverage": r.prefetch.map(|p| p.1),
+                "miss_latency_p50_ns": r.miss_latency.map(|l| l.0),
+                "miss_latency_p99_ns": r.miss_latency.map(|l| l.1),
                 "linux_swap": r.swap,
             })).collect::<Vec<_>>(),
             "hint_fast_path": hint_cost.map(|h| serde_json::json!({
@@ -415,6 +467,18 @@ pub fn run(a: Args) -> Result<()> {
     // SAFETY: the native array is no longer used.
     unsafe { farmem::sys::mem::unmap(native, size) };
     Ok(())
+}
+
+/// p50 and p99 of the accesses that missed: those slower than any local access can be
+/// (a fault takes microseconds; a hit on a resident page, including a TLB miss, well under
+/// one).
+fn miss_latency(lat: &mut [u64]) -> Option<(u64, u64)> {
+    const MISS_NS: u64 = 1_500;
+    let mut misses: Vec<u64> = lat.iter().copied().filter(|&n| n >= MISS_NS).collect();
+    if misses.is_empty() {
+        return None;
+    }
+    Some((quantile(&mut misses, 0.5), quantile(&mut misses, 0.99)))
 }
 
 /// Accuracy and coverage of unhinted prefetching between two snapshots (see
@@ -440,8 +504,12 @@ fn print_rows(rows: &[Row]) {
             .prefetch
             .map(|(a, c)| format!("{:.0}% {:.0}%", a * 100.0, c * 100.0))
             .unwrap_or_else(|| "-".into());
+        let lat = r
+            .miss_latency
+            .map(|(p50, p99)| format!("{:.1}/{:.0} µs", p50 as f64 / 1e3, p99 as f64 / 1e3))
+            .unwrap_or_default();
         println!(
-            "{:>12} {:>5}% {:>6} {:>10} {:>12.0} {:>8.3} {:>10} {:>10} {:>10}",
+            "{:>12} {:>5}% {:>6} {:>10} {:>12.0} {:>8.3} {:>10} {:>10} {:>10} {:>12}",
             r.backend,
             r.local_pct,
             format!("{:?}", r.pattern).to_lowercase(),
@@ -450,7 +518,8 @@ fn print_rows(rows: &[Row]) {
             r.ratio,
             r.faults,
             r.fetched,
-            pf
+            pf,
+            lat
         );
     }
 }
@@ -529,6 +598,9 @@ fn swap_rows(
             faults: 0,
             fetched: swapped_in / (a.repeat * a.patterns.len()) as u64,
             prefetch: None,
+            miss_latency: j[format!("{key}_miss_ns")]
+                .as_array()
+                .and_then(|l| Some((l.first()?.as_u64()?, l.get(1)?.as_u64()?))),
         });
     }
     Ok(rows)
@@ -549,14 +621,25 @@ pub fn native_scan(a: NativeArgs) -> Result<()> {
     for &pat in &a.patterns {
         let order = orders.of(pat);
         let mut runs = Vec::new();
+        let mut lats = Vec::new();
         for _ in 0..a.repeat {
-            let (r, s) = scan(native, order, None);
+            let (r, s) = if pat == Pattern::Rand {
+                let (r, s, l) = scan_timed(native, order);
+                lats.extend(l);
+                (r, s)
+            } else {
+                scan(native, order, None)
+            };
             if s != expect {
                 bail!("checksum mismatch scanning under Linux swap");
             }
             runs.push(serde_json::Value::from(r));
         }
-        out.insert(format!("{pat:?}").to_lowercase(), runs.into());
+        let key = format!("{pat:?}").to_lowercase();
+        if let Some((p50, p99)) = miss_latency(&mut lats) {
+            out.insert(format!("{key}_miss_ns"), vec![p50, p99].into());
+        }
+        out.insert(key, runs.into());
     }
     println!("{}", serde_json::Value::Object(out));
     Ok(())
