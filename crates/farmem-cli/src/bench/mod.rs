@@ -1,6 +1,7 @@
 //! `farmem bench`: measurements that put competitors side by side in one run (these machines
 //! are shared and noisy: only same-run ratios and medians mean something).
 
+mod kv;
 mod memcached_client;
 mod programs;
 mod scan;
@@ -28,6 +29,12 @@ enum Cmd {
     /// Unmodified programs (python3, sort, sqlite3, memcached) natively, under `farmem run`
     /// at shares of their peak memory, and under Linux swap to zram with the same limit.
     Programs(programs::Args),
+    /// A key-value service in the shape of AIFM's synthetic web front end (Eden §5.3.2): per
+    /// request 32 hash-table lookups and one 8 KiB object, Zipf(0.8) requests. Requests/s
+    /// under each reclaim policy (fifo, second-chance, lru, priority) with priority hints
+    /// (objects evicted first), plain hints and no hints, at shares of the footprint; the
+    /// headline is priority+prio against fifo+hint.
+    Kv(kv::Args),
     /// (internal) The load client of the memcached workload.
     #[command(hide = true)]
     MemcachedClient(memcached_client::Args),
@@ -45,6 +52,7 @@ pub fn run(a: Args) -> Result<()> {
         Some(Cmd::Server(s)) => server::run(s),
         Some(Cmd::Load(l)) => server::load(l),
         Some(Cmd::Programs(p)) => programs::run(p),
+        Some(Cmd::Kv(k)) => kv::run(k),
         Some(Cmd::MemcachedClient(m)) => memcached_client::run(m),
         Some(Cmd::NativeScan(n)) => scan::native_scan(n),
     }
