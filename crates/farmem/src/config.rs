@@ -126,7 +126,8 @@ pub struct Config {
     pub local_mem: u64,
     /// Far-memory backend (`FARMEM_BACKEND`).
     pub backend: BackendSpec,
-    /// Pages evicted per reclaim batch (`FARMEM_EVICT_BATCH`, default 128). Each batch
+    /// Pages evicted per reclaim batch (`FARMEM_EVICT_BATCH`, default 128, at most an eighth
+    /// of the budget: see [`Config::effective_evict_batch`]). Each batch
     /// costs one TLB shootdown of the program's CPUs; 128 amortizes it (32 → 128: the
     /// unhinted sequential scan at 25% local went from ~340K to ~500K pages/s).
     pub evict_batch: usize,
@@ -156,6 +157,9 @@ pub struct Config {
     /// Print statistics at exit (`FARMEM_STATS=1`).
     pub stats_at_exit: bool,
 }
+
+/// The smallest local budget, in pages (768 KiB): room for a few eviction batches.
+pub const MIN_BUDGET_PAGES: usize = 192;
 
 impl Default for Config {
     fn default() -> Self {
@@ -276,15 +280,14 @@ impl Config {
 
     /// Reject settings the runtime cannot work with, saying why.
     pub fn validate(&self) -> Result<()> {
-        let min = (4 * self.evict_batch.max(1) + 64) * PAGE_SIZE;
+        let min = MIN_BUDGET_PAGES * PAGE_SIZE;
         if (self.local_mem as usize) < min {
             return Err(Error::Config(format!(
                 "local memory budget {} bytes is too small: at least {} bytes ({} pages) are \
-                 needed with an eviction batch of {}",
+                 needed",
                 self.local_mem,
                 min,
                 min / PAGE_SIZE,
-                self.evict_batch
             )));
         }
         if self.evict_batch == 0 || self.evict_batch > 4096 {
@@ -319,6 +322,12 @@ impl Config {
         Ok(())
     }
 
+    /// The eviction batch the runtime uses: the configured one, but at most an eighth of the
+    /// budget (a small budget cannot free 128 pages at a time and still hold a working set).
+    pub fn effective_evict_batch(&self) -> usize {
+        self.evict_batch.min(self.budget_pages() / 8).max(1)
+    }
+
     /// Budget in pages.
     pub fn budget_pages(&self) -> usize {
         self.local_mem as usize / PAGE_SIZE
@@ -330,8 +339,9 @@ impl Config {
     /// by one), but never more than a quarter of the budget.
     pub fn free_target_pages(&self) -> usize {
         let pct = (self.budget_pages() as f64 * self.free_pct / 100.0) as usize;
-        let want = pct.max(self.evict_batch).max(2 * self.fault_readahead);
-        want.min((self.budget_pages() / 4).max(self.evict_batch))
+        let batch = self.effective_evict_batch();
+        let want = pct.max(batch).max(2 * self.fault_readahead);
+        want.min((self.budget_pages() / 4).max(batch))
     }
 }
 

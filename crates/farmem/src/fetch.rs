@@ -12,7 +12,7 @@ use std::time::Instant;
 use crate::backend::{Completion, IoClass, PageBuf, PageKey};
 use crate::error::{Error, Result};
 use crate::page_table::{self as pt, ABSENT, DIRTY, EVER_WRITTEN, IDLE, NOWRITE};
-use crate::page_table::{PRIO_MASK, PRIO_SHIFT, REGISTERED, REMOTE};
+use crate::page_table::{PRIO_MASK, PRIO_SHIFT, REGISTERED, REMOTE, SHADOW_MASK, SHADOW_SHIFT};
 use crate::region::RegionInfo;
 use crate::runtime::Inner;
 use crate::stats::add;
@@ -345,6 +345,16 @@ pub(crate) fn submit_phase(
     }))
 }
 
+/// Was a page evicted so recently that it belongs to the working set? Its refault distance
+/// (pages evicted since it was) is below the budget: with one more pass of the hand it would
+/// still have been local. Pages that no hint touches get their only recency signal here:
+/// a recent refault is installed as used, anything else (first touches, old refaults,
+/// read-ahead) on probation, idle, so a recency policy evicts it at the hand's first pass.
+fn recent_refault(old: u64, clock: u32, budget: usize) -> bool {
+    let shadow = (old >> SHADOW_SHIFT) as u32;
+    old & REMOTE != 0 && shadow != 0 && (clock.wrapping_sub(shadow) as usize) < budget
+}
+
 /// Wait for a class's read (if any) and install its pages (ascending vpn order) run by run;
 /// the receive buffer goes back through `recycle`.
 pub(crate) fn install_phase(
@@ -435,13 +445,21 @@ pub(crate) fn install_phase(
             give_buf(&SCRATCH, s);
         }
         let prio = ((req.prio as u64) << PRIO_SHIFT) & PRIO_MASK;
+        let clock = inner.evict_clock.load(Ordering::Relaxed) as u32;
         for l in run {
-            let keep = l.old & !(ABSENT | NOWRITE | DIRTY | IDLE | PRIO_MASK);
-            let new = if l.writable {
+            let keep = l.old & !(ABSENT | NOWRITE | DIRTY | IDLE | PRIO_MASK | SHADOW_MASK);
+            let mut new = if l.writable {
                 keep | DIRTY | EVER_WRITTEN
             } else {
                 keep | NOWRITE
             };
+            if inner.probation && req.mode == Mode::Fault {
+                if recent_refault(l.old, clock, inner.budget) {
+                    add(&inner.stats.c.recent_refaults, 1);
+                } else {
+                    new |= IDLE;
+                }
+            }
             pt::unlock(pt::entry(l.vpn), new | prio);
         }
         i = j;
@@ -450,4 +468,35 @@ pub(crate) fn install_phase(
         recycle(b);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn evicted_at(stamp: u32) -> u64 {
+        pt::FRESH | REMOTE | ((stamp as u64) << SHADOW_SHIFT)
+    }
+
+    #[test]
+    fn refault_distance_below_the_budget_is_the_working_set() {
+        let budget = 1000;
+        assert!(recent_refault(evicted_at(5000), 5999, budget));
+        assert!(
+            !recent_refault(evicted_at(5000), 6000, budget),
+            "a full budget ago"
+        );
+        assert!(
+            recent_refault(evicted_at(u32::MAX - 10), 100, budget),
+            "the clock wraps"
+        );
+        assert!(
+            !recent_refault(pt::FRESH | REMOTE, 10, budget),
+            "no shadow: never evicted (or discarded)"
+        );
+        assert!(
+            !recent_refault(evicted_at(5000) & !REMOTE, 5001, budget),
+            "a page with no far copy was not evicted with its data"
+        );
+    }
 }

@@ -49,8 +49,12 @@ pub const PRIO_MASK: u64 = 0x7 << PRIO_SHIFT;
 /// Small id of the thread that holds `LOCKED` (diagnostics and fault stealing decisions).
 pub const OWNER_SHIFT: u32 = 16;
 pub const OWNER_MASK: u64 = 0xFFFF << OWNER_SHIFT;
-/// Index of the page in its reclaim-policy structure (policy specific), high 32 bits.
-pub const LIST_SHIFT: u32 = 32;
+/// High 32 bits: the page's shadow while it is far after an eviction (0 otherwise): the low
+/// 32 bits of the runtime's eviction clock when it was evicted. At the refault, the clock's
+/// advance since then is the refault distance (Linux's workingset shadow entries), the
+/// hotness signal recency policies have for pages no hint touches.
+pub const SHADOW_SHIFT: u32 = 32;
+pub const SHADOW_MASK: u64 = 0xFFFF_FFFF << SHADOW_SHIFT;
 
 /// Initial state of a page of a fresh region: registered, never materialized.
 pub const FRESH: u64 = REGISTERED | ABSENT | NOWRITE;
@@ -183,20 +187,12 @@ pub fn try_lock(word: &AtomicU64, owner: u16) -> Result<u64, u64> {
     }
 }
 
-/// Release a page's lock, replacing its state bits with `new_state` (LOCKED, WAITERS and
-/// OWNER are cleared; the list index is kept), and wake any waiters.
+/// Release a page's lock, replacing its word with `new_state` (LOCKED, WAITERS and OWNER
+/// cleared), and wake any waiters.
 #[inline]
 pub fn unlock(word: &AtomicU64, new_state: u64) {
-    const FLAGS: u64 = (1 << LIST_SHIFT) - 1;
-    let state = new_state & FLAGS & !(LOCKED | WAITERS | OWNER_MASK);
-    let mut cur = word.load(Ordering::Acquire);
-    loop {
-        let new = (cur & !FLAGS) | state;
-        match word.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => break,
-            Err(c) => cur = c,
-        }
-    }
+    let state = new_state & !(LOCKED | WAITERS | OWNER_MASK);
+    let cur = word.swap(state, Ordering::AcqRel);
     if cur & WAITERS != 0 {
         mem::futex_wake_all(word);
     }

@@ -60,6 +60,11 @@ pub(crate) struct Inner {
     /// Held shared by every eviction batch, exclusively by a fork in preparation, which so
     /// waits for the batches in flight.
     pub evict_gate: RwLock<()>,
+    /// Pages evicted so far: the clock of the pages' shadows (see `page_table::SHADOW_SHIFT`).
+    pub evict_clock: AtomicU64,
+    /// The policy orders by recency: pages a fault brings in start idle ("on probation")
+    /// unless their refault distance says they belong to the working set.
+    pub probation: bool,
 }
 
 impl Inner {
@@ -202,9 +207,10 @@ pub struct Runtime {
 
 impl Runtime {
     /// Start a runtime with its own budget, backend and threads.
-    pub fn new(cfg: Config) -> Result<Runtime> {
+    pub fn new(mut cfg: Config) -> Result<Runtime> {
         refuse_in_child()?;
         cfg.validate()?;
+        cfg.evict_batch = cfg.effective_evict_batch();
         crate::fork::install_handlers();
         page_table::init().map_err(|e| Error::sys("page table", e))?;
         let uffd = Uffd::open(uffd::FEATURE_PAGEFAULT_FLAG_WP | uffd::FEATURE_THREAD_ID)
@@ -229,6 +235,7 @@ impl Runtime {
             backend,
             policy: Mutex::new(policy::build(cfg.policy)),
             book: Default::default(),
+            probation: cfg.policy != crate::config::PolicyKind::Fifo,
             cfg,
             uffd,
             unmapper: Unmapper::new(),
@@ -248,6 +255,8 @@ impl Runtime {
             inflight: Default::default(),
             reclaim_paused: AtomicBool::new(false),
             evict_gate: RwLock::new(()),
+            // From 1: a shadow of 0 means "never evicted".
+            evict_clock: AtomicU64::new(1),
         });
         let mut threads = Vec::new();
         for i in 0..inner.cfg.fault_threads {

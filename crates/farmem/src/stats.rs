@@ -85,6 +85,7 @@ counters! {
     fault_predicted_pages: "Pages the fault predictor asked to read ahead.",
     fault_prefetch_used: "Of those, pages their stream then read without a fault (inferred).",
     fault_prefetch_wasted: "Of those, pages left behind by a broken run (inferred).",
+    recent_refaults: "Pages a fault brought back less than one budget of evictions after their eviction (the working set: recency policies keep them a pass longer).",
 }
 
 pub struct Stats {

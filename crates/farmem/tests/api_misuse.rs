@@ -206,7 +206,7 @@ fn hints_after_the_region_is_dropped_are_harmless() {
 
 #[test]
 fn bad_configurations_are_rejected() {
-    let min_pages = 4 * 32 + 64;
+    let min_pages = farmem::config::MIN_BUDGET_PAGES;
     let cfg = |local_mem: u64| Config {
         local_mem,
         ..Config::default()
@@ -247,11 +247,6 @@ fn bad_configurations_are_rejected() {
             fault_readahead: 5000,
             ..cfg(64 << 20)
         },
-        // The minimum grows with the eviction batch.
-        Config {
-            evict_batch: 256,
-            ..cfg((min_pages * PAGE_SIZE) as u64)
-        },
     ] {
         let desc = format!("{bad:?}");
         assert!(bad.validate().is_err(), "validate accepted {desc}");
@@ -261,8 +256,9 @@ fn bad_configurations_are_rejected() {
             Ok(_) => panic!("Runtime::new accepted {desc}"),
         }
     }
-    // The smallest budget allowed works.
+    // The smallest budget allowed works, with the default eviction batch cut to fit it.
     let rt = Runtime::new(cfg((min_pages * PAGE_SIZE) as u64)).unwrap();
+    assert_eq!(rt.config().evict_batch, min_pages / 8);
     let r = rt.create_region(4 * min_pages * PAGE_SIZE).unwrap();
     for p in 0..4 * min_pages {
         wr_at(&r, p * PAGE_SIZE, p as u64 + 1);
