@@ -12,7 +12,9 @@ use std::time::Instant;
 use crate::backend::{Completion, IoClass, PageBuf, PageKey};
 use crate::error::{Error, Result};
 use crate::page_table::{self as pt, ABSENT, DIRTY, EVER_WRITTEN, IDLE, NOWRITE};
-use crate::page_table::{PRIO_MASK, PRIO_SHIFT, REGISTERED, REMOTE, SHADOW_MASK, SHADOW_SHIFT};
+use crate::page_table::{CREDIT_MASK, CREDIT_SHIFT, LEVEL_MASK, LEVEL_SHIFT, MAX_LEVEL};
+use crate::page_table::{PRIO_MASK, PRIO_SHIFT, REGISTERED, REMOTE};
+use crate::page_table::{SHADOW_BITS, SHADOW_MASK, SHADOW_SHIFT};
 use crate::region::RegionInfo;
 use crate::runtime::Inner;
 use crate::stats::add;
@@ -350,9 +352,21 @@ pub(crate) fn submit_phase(
 /// still have been local. Pages that no hint touches get their only recency signal here:
 /// a recent refault is installed as used, anything else (first touches, old refaults,
 /// read-ahead) on probation, idle, so a recency policy evicts it at the hand's first pass.
-fn recent_refault(old: u64, clock: u32, budget: usize) -> bool {
-    let shadow = (old >> SHADOW_SHIFT) as u32;
-    old & REMOTE != 0 && shadow != 0 && (clock.wrapping_sub(shadow) as usize) < budget
+fn recent_refault(old: u64, clock: u64, budget: usize) -> bool {
+    let bits = (1u64 << SHADOW_BITS) - 1;
+    let shadow = (old & SHADOW_MASK) >> SHADOW_SHIFT;
+    old & REMOTE != 0 && shadow != 0 && (clock.wrapping_sub(shadow) & bits) < budget as u64
+}
+
+/// The working-set state of a page a fault installs: a recent refault goes up a level (up
+/// to `MAX_LEVEL`) and gets as many extra passes of the hand, starting as used; any other
+/// page starts over at level 0, idle (on probation).
+fn working_set_bits(old: u64, recent: bool) -> u64 {
+    if !recent {
+        return IDLE;
+    }
+    let level = (((old & LEVEL_MASK) >> LEVEL_SHIFT) + 1).min(MAX_LEVEL);
+    (level << LEVEL_SHIFT) | (level << CREDIT_SHIFT)
 }
 
 /// Wait for a class's read (if any) and install its pages (ascending vpn order) run by run;
@@ -445,20 +459,22 @@ pub(crate) fn install_phase(
             give_buf(&SCRATCH, s);
         }
         let prio = ((req.prio as u64) << PRIO_SHIFT) & PRIO_MASK;
-        let clock = inner.evict_clock.load(Ordering::Relaxed) as u32;
+        let clock = inner.evict_clock.load(Ordering::Relaxed);
         for l in run {
-            let keep = l.old & !(ABSENT | NOWRITE | DIRTY | IDLE | PRIO_MASK | SHADOW_MASK);
+            let keep = l.old
+                & !(ABSENT | NOWRITE | DIRTY | IDLE | PRIO_MASK)
+                & !(SHADOW_MASK | LEVEL_MASK | CREDIT_MASK);
             let mut new = if l.writable {
                 keep | DIRTY | EVER_WRITTEN
             } else {
                 keep | NOWRITE
             };
             if inner.probation && req.mode == Mode::Fault {
-                if recent_refault(l.old, clock, inner.budget) {
+                let recent = recent_refault(l.old, clock, inner.budget);
+                if recent {
                     add(&inner.stats.c.recent_refaults, 1);
-                } else {
-                    new |= IDLE;
                 }
+                new |= working_set_bits(l.old, recent);
             }
             pt::unlock(pt::entry(l.vpn), new | prio);
         }
@@ -474,8 +490,8 @@ pub(crate) fn install_phase(
 mod tests {
     use super::*;
 
-    fn evicted_at(stamp: u32) -> u64 {
-        pt::FRESH | REMOTE | ((stamp as u64) << SHADOW_SHIFT)
+    fn evicted_at(stamp: u64) -> u64 {
+        pt::FRESH | REMOTE | (stamp << SHADOW_SHIFT)
     }
 
     #[test]
@@ -486,8 +502,9 @@ mod tests {
             !recent_refault(evicted_at(5000), 6000, budget),
             "a full budget ago"
         );
+        let top = (1 << SHADOW_BITS) - 10;
         assert!(
-            recent_refault(evicted_at(u32::MAX - 10), 100, budget),
+            recent_refault(evicted_at(top), (1 << SHADOW_BITS) + 100, budget),
             "the clock wraps"
         );
         assert!(
@@ -497,6 +514,24 @@ mod tests {
         assert!(
             !recent_refault(evicted_at(5000) & !REMOTE, 5001, budget),
             "a page with no far copy was not evicted with its data"
+        );
+    }
+
+    #[test]
+    fn recent_refaults_in_a_row_earn_more_passes() {
+        let level = |w: u64| (w & LEVEL_MASK) >> LEVEL_SHIFT;
+        let credit = |w: u64| (w & CREDIT_MASK) >> CREDIT_SHIFT;
+        assert_eq!(working_set_bits(0, false), IDLE, "probation");
+        let mut w = 0;
+        for expect in [1, 2, 3, 3] {
+            w = working_set_bits(w, true);
+            assert_eq!(w & IDLE, 0, "a working-set page starts used");
+            assert_eq!((level(w), credit(w)), (expect, expect));
+        }
+        assert_eq!(
+            working_set_bits(w, false),
+            IDLE,
+            "an old refault starts over"
         );
     }
 }

@@ -49,12 +49,22 @@ pub const PRIO_MASK: u64 = 0x7 << PRIO_SHIFT;
 /// Small id of the thread that holds `LOCKED` (diagnostics and fault stealing decisions).
 pub const OWNER_SHIFT: u32 = 16;
 pub const OWNER_MASK: u64 = 0xFFFF << OWNER_SHIFT;
-/// High 32 bits: the page's shadow while it is far after an eviction (0 otherwise): the low
-/// 32 bits of the runtime's eviction clock when it was evicted. At the refault, the clock's
+/// Bits 32..60: the page's shadow while it is far after an eviction (0 otherwise): the low
+/// 28 bits of the runtime's eviction clock when it was evicted. At the refault, the clock's
 /// advance since then is the refault distance (Linux's workingset shadow entries), the
 /// hotness signal recency policies have for pages no hint touches.
 pub const SHADOW_SHIFT: u32 = 32;
-pub const SHADOW_MASK: u64 = 0xFFFF_FFFF << SHADOW_SHIFT;
+pub const SHADOW_BITS: u32 = 28;
+pub const SHADOW_MASK: u64 = ((1 << SHADOW_BITS) - 1) << SHADOW_SHIFT;
+/// Bits 60..62: how many times in a row the page came back soon after its eviction (kept
+/// while it is far); bits 62..64: the extra passes of a policy's hand it has left while
+/// local. A page that keeps proving to be in the working set is kept up to `MAX_LEVEL`
+/// passes longer, which a single use bit cannot express for pages no hint touches.
+pub const LEVEL_SHIFT: u32 = 60;
+pub const LEVEL_MASK: u64 = 0x3 << LEVEL_SHIFT;
+pub const CREDIT_SHIFT: u32 = 62;
+pub const CREDIT_MASK: u64 = 0x3 << CREDIT_SHIFT;
+pub const MAX_LEVEL: u64 = 3;
 
 /// Initial state of a page of a fresh region: registered, never materialized.
 pub const FRESH: u64 = REGISTERED | ABSENT | NOWRITE;

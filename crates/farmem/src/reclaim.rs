@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use crate::backend::{BackendError, IoClass, PageBuf, PageKey};
 use crate::page_table::{self as pt, ABSENT, DIRTY, EVICTING, IDLE, NOWRITE};
-use crate::page_table::{PRIO_MASK, REGISTERED, REMOTE, SHADOW_MASK, SHADOW_SHIFT};
+use crate::page_table::{CREDIT_MASK, PRIO_MASK, REGISTERED, REMOTE};
+use crate::page_table::{SHADOW_BITS, SHADOW_MASK, SHADOW_SHIFT};
 use crate::runtime::Inner;
 use crate::stats::add;
 use crate::sys::mem::PAGE_SIZE;
@@ -268,14 +269,15 @@ pub(crate) fn evict_batch(inner: &Inner, max: usize) -> usize {
     }
     let n = victims.len();
     // Each page keeps the eviction clock as its shadow, for the refault distance.
-    let stamp = inner.evict_clock.fetch_add(n as u64, Ordering::Relaxed) as u32 as u64;
+    let stamp = inner.evict_clock.fetch_add(n as u64, Ordering::Relaxed) & ((1 << SHADOW_BITS) - 1);
     let mut clean = 0u64;
     for v in &victims {
         let was_dirty = v.old & DIRTY != 0;
         if !was_dirty {
             clean += 1;
         }
-        let mut new = (v.old & !(DIRTY | IDLE | EVICTING | PRIO_MASK | SHADOW_MASK))
+        // The level (recent refaults in a row) stays with the page while it is far.
+        let mut new = (v.old & !(DIRTY | IDLE | EVICTING | PRIO_MASK | SHADOW_MASK | CREDIT_MASK))
             | ABSENT
             | NOWRITE
             | (stamp << SHADOW_SHIFT);

@@ -21,7 +21,7 @@ pub use priority::Priority;
 use std::sync::atomic::Ordering;
 
 use crate::config::PolicyKind;
-use crate::page_table::{self as pt, IDLE, REGISTERED};
+use crate::page_table::{self as pt, CREDIT_MASK, CREDIT_SHIFT, IDLE, REGISTERED};
 
 /// Where a policy learns whether a page was used since it last looked.
 pub trait UseBits {
@@ -36,11 +36,23 @@ pub struct PageTableBits;
 impl UseBits for PageTableBits {
     fn used_since_last_look(&self, vpn: usize) -> bool {
         let w = pt::entry(vpn);
-        if w.load(Ordering::Acquire) & REGISTERED == 0 {
-            return false; // its region is gone: nothing to mark, evict (forget) it
+        let mut cur = w.load(Ordering::Acquire);
+        loop {
+            let new = if cur & REGISTERED == 0 {
+                return false; // its region is gone: nothing to mark, evict (forget) it
+            } else if cur & IDLE == 0 {
+                cur | IDLE
+            } else if cur & CREDIT_MASK != 0 {
+                // Not used since, but a working-set page (recent refaults): one pass less.
+                cur - (1 << CREDIT_SHIFT)
+            } else {
+                return false;
+            };
+            match w.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return true,
+                Err(c) => cur = c,
+            }
         }
-        let old = w.fetch_or(IDLE, Ordering::AcqRel);
-        old & IDLE == 0
     }
 }
 
