@@ -22,16 +22,22 @@ pub const FM_WRITE: u32 = 1;
 /// previous `FM_SEQ` hint.
 pub const FM_SEQ: u32 = 2;
 
+/// The metadata word of page `vpn` as the inline path reads it: through the guard, so that
+/// without a table (not reserved yet, or a failed start) it is a static zero word.
 #[inline(always)]
-fn needs_work(addr: usize, bit: u64) -> bool {
+fn guarded_entry(vpn: usize) -> &'static std::sync::atomic::AtomicU64 {
     // Mask before table: the table is published before the mask, so a non-zero mask implies
     // the real table (see page_table::init).
     let mask = fm_guard.mask.load(Ordering::Acquire);
     let table = fm_guard.table.load(Ordering::Relaxed);
     // SAFETY: the index is masked to the table's size (or to 0 when the table is not yet
     // reserved, where `table` points at a static zero word); the table is never unmapped.
-    let w = unsafe { (*table.add((addr >> PAGE_SHIFT) & mask)).load(Ordering::Relaxed) };
-    w & bit != 0
+    unsafe { &*table.add(vpn & mask) }
+}
+
+#[inline(always)]
+fn needs_work(addr: usize, bit: u64) -> bool {
+    guarded_entry(addr >> PAGE_SHIFT).load(Ordering::Relaxed) & bit != 0
 }
 
 /// The next access to `addr` will read it: make its page local if it is not.
@@ -77,12 +83,8 @@ pub fn hint_ex<T: ?Sized>(addr: *const T, len: usize, flags: u32, rdahead: i32, 
 /// key-value benchmark despite fetching fewer pages). Returns false if there is more to do.
 #[inline]
 fn mark_used(vpn: usize, write: bool) -> bool {
-    // Through the guard, as the inline path reads it: without a table (a failed start) the
-    // mask is 0 and this reads the static zero word, which is never REGISTERED.
-    let mask = fm_guard.mask.load(Ordering::Acquire);
-    let table = fm_guard.table.load(Ordering::Relaxed);
-    // SAFETY: as in `needs_work`: the index is masked to the table's size.
-    let w = unsafe { &*table.add(vpn & mask) };
+    // The zero word of a missing table is never REGISTERED, so it is never written.
+    let w = guarded_entry(vpn);
     let cur = w.load(Ordering::Acquire);
     let need = if write { NOWRITE } else { ABSENT };
     if cur & crate::page_table::REGISTERED == 0 || cur & (need | IDLE) != IDLE {
