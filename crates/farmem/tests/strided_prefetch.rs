@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use farmem::{Config, Runtime, PAGE_SIZE};
+use farmem::{Config, Region, Runtime, PAGE_SIZE};
 
 const PAGES: usize = 16_384; // 64 MiB
 const BUDGET: u64 = 16 << 20; // 25%
@@ -44,13 +44,19 @@ fn scan(r: &farmem::Region, start: usize, stride: isize, salt: u64) -> (usize, u
     (read, bad)
 }
 
+/// A region of `PAGES` pages filled with `pattern(salt, ..)`, mostly evicted by the filling.
+fn filled_region(rt: &Runtime, salt: u64) -> Region {
+    let r = rt.create_region(PAGES * PAGE_SIZE).unwrap();
+    for p in 0..PAGES {
+        fill_page(&r, p, |w| pattern(salt, p, w));
+    }
+    r
+}
+
 #[test]
 fn strided_scans_read_back_right_and_are_predicted() {
     let rt = rt();
-    let r = rt.create_region(PAGES * PAGE_SIZE).unwrap();
-    for p in 0..PAGES {
-        fill_page(&r, p, |w| pattern(5, p, w));
-    }
+    let r = filled_region(&rt, 5);
     for (start, stride) in [(0usize, 3isize), (1, 7), (PAGES - 1, -2), (5, 16)] {
         let before = rt.stats();
         let (read, bad) = scan(&r, start, stride, 5);
@@ -81,10 +87,7 @@ fn strided_scans_read_back_right_and_are_predicted() {
 #[test]
 fn two_threads_with_different_strides_under_eviction() {
     let rt = rt();
-    let r = rt.create_region(PAGES * PAGE_SIZE).unwrap();
-    for p in 0..PAGES {
-        fill_page(&r, p, |w| pattern(11, p, w));
-    }
+    let r = filled_region(&rt, 11);
     let before = rt.stats();
     let results: Vec<(usize, usize)> = std::thread::scope(|s| {
         let r = &r;
