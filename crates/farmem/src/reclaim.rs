@@ -186,10 +186,11 @@ pub(crate) fn evict_batch(inner: &Inner, max: usize) -> usize {
             p.reinsert(v);
         }
     }
+    victims.sort_unstable_by_key(|v| v.vpn);
+    leave_foreign(inner, &mut victims);
     if victims.is_empty() {
         return 0;
     }
-    victims.sort_unstable_by_key(|v| v.vpn);
 
     // Write back the dirty ones, after write-protecting them so their contents are stable.
     let dirty: Vec<&Victim> = victims.iter().filter(|v| v.old & DIRTY != 0).collect();
@@ -291,6 +292,33 @@ pub(crate) fn evict_batch(inner: &Inner, max: usize) -> usize {
     add(&inner.stats.c.clean_drops, clean);
     inner.stats.record_evict(t0.elapsed().as_nanos() as u64);
     n
+}
+
+/// Unlock and forget the victims (sorted, locked) outside this runtime's regions. The
+/// policy can hold a page of a region that was dropped after the page was queued (a fetch
+/// queues its pages after installing them; a busy victim is put back after its region may
+/// have gone). The address may belong to another runtime's region by now: evicting it here
+/// would take it out of the wrong count and keep the owner's count above the truth forever.
+/// Under the page lock the answer cannot change: dropping a region takes it out of the map
+/// first, then waits for every page lock.
+fn leave_foreign(inner: &Inner, victims: &mut Vec<Victim>) {
+    let regions = inner.regions.read();
+    let mut known = 0..0; // vpns of the last region found
+    victims.retain(|v| {
+        if known.contains(&v.vpn) {
+            return true;
+        }
+        match regions.range(..=v.vpn * PAGE_SIZE).next_back() {
+            Some((_, r)) if v.vpn < r.end_vpn() => {
+                known = r.first_vpn()..r.end_vpn();
+                true
+            }
+            _ => {
+                pt::unlock(pt::entry(v.vpn), v.old);
+                false
+            }
+        }
+    });
 }
 
 /// Copy the (write-protected) dirty victims out and write them to the backend; returns once

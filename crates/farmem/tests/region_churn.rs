@@ -183,3 +183,47 @@ fn dropping_regions_during_reclaim_keeps_the_resident_count() {
 fn dropping_regions_during_reclaim_with_another_region_busy() {
     churn_scenario(150, false);
 }
+
+/// Two runtimes in one process, each creating, reading through and dropping regions, so
+/// that one often gets an address the other just gave up. A page the first runtime still
+/// had queued for reclaim belongs to the second one's region by then: the first must leave
+/// it alone. Before the fix it evicted the page and subtracted it from its own count (which
+/// wrapped below zero) while the owner's count kept it forever; once enough such pages
+/// leaked, the owner believed itself full with nothing to evict and hung (seen in CI).
+#[test]
+fn two_runtimes_reusing_each_others_addresses_keep_their_counts() {
+    let rts = [runtime(BUDGET, 16, 16), runtime(BUDGET, 16, 16)];
+    std::thread::scope(|s| {
+        for (k, rt) in rts.iter().enumerate() {
+            s.spawn(move || {
+                let budget = budget_pages(rt) as u64;
+                let mut rng = XorShift::new(k as u64 + 5);
+                for cycle in 0..400 {
+                    // Sizes vary so that the regions of the two land on each other's pages.
+                    let n = PAGES / 2 + rng.below(PAGES);
+                    let r = rt.create_region(n * PAGE_SIZE).unwrap();
+                    for p in 0..n {
+                        if rng.chance(10) {
+                            wr_at(&r, p * PAGE_SIZE, pattern(k as u64, p, cycle));
+                        } else {
+                            assert_eq!(rd_at(&r, p * PAGE_SIZE + 8), 0);
+                        }
+                    }
+                    drop(r);
+                    let resident = rt.stats().resident_pages;
+                    assert!(
+                        resident <= budget,
+                        "runtime {k} cycle {cycle}: resident count {resident} above the budget {budget}"
+                    );
+                }
+            });
+        }
+    });
+    for (k, rt) in rts.iter().enumerate() {
+        assert_eq!(
+            settled_resident(rt, 0),
+            0,
+            "runtime {k}: resident count once every region is gone"
+        );
+    }
+}
