@@ -154,6 +154,12 @@ pub struct Config {
     /// direct reclaim) is stolen and served by the control thread (`FARMEM_STEAL_US`,
     /// default 500).
     pub steal_after_us: u64,
+    /// Shortest deadline of a read-ahead, in microseconds (`FARMEM_PREFETCH_DEADLINE_US`,
+    /// default 20000). A read-ahead is useful until its stream (at its measured pace) passes
+    /// its last page, but never less than this; a far-memory server that cannot start it in
+    /// time drops it and its pages are read on demand. Small values drop windows that would
+    /// still have saved faults (the pace of a prefetched stream is that of its hits).
+    pub prefetch_deadline_us: u64,
     /// Print statistics at exit (`FARMEM_STATS=1`).
     pub stats_at_exit: bool,
 }
@@ -175,6 +181,7 @@ impl Default for Config {
             fault_threads: 1,
             fault_spin_us: 50,
             steal_after_us: 500,
+            prefetch_deadline_us: 20_000,
             stats_at_exit: false,
         }
     }
@@ -261,6 +268,9 @@ impl Config {
         }
         if let Some(v) = env_num("FARMEM_HINT_PIPELINE")? {
             c.hint_pipeline = v;
+        }
+        if let Some(v) = env_num("FARMEM_PREFETCH_DEADLINE_US")? {
+            c.prefetch_deadline_us = v;
         }
         if let Some(v) = env_num("FARMEM_FAULT_THREADS")? {
             c.fault_threads = v;

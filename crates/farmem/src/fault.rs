@@ -100,7 +100,7 @@ impl FaultServer {
             let predictor = self
                 .predictor
                 .get_or_insert_with(|| Predictor::new(inner.cfg.fault_readahead));
-            let p = predictor.on_fault(reg.id, f.tid, vpn);
+            let p = predictor.on_fault_at(reg.id, f.tid, vpn, inner.now_ns());
             let t = predictor.take_tally();
             let c = &inner.stats.c;
             add(&c.fault_predicted_pages, t.predicted);
@@ -119,6 +119,7 @@ impl FaultServer {
             ra_write: f.write,
             prio: 0,
             mode: Mode::Fault,
+            ahead_useful_for: prediction.and_then(|p| p.useful_for(vpn)),
         };
         match fetch::ensure(inner, &reg, &req) {
             Ok(o) if o.busy => false,
@@ -138,7 +139,8 @@ impl FaultServer {
                         .filter(|&v| v >= reg.first_vpn() && v < reg.end_vpn())
                         .collect();
                     pages.sort_unstable();
-                    prefetch::submit_pages(inner, &reg, pages, 0);
+                    let useful_for = fetch::prefetch_deadline(inner, p.useful_for(vpn));
+                    prefetch::submit_pages(inner, &reg, pages, 0, useful_for);
                 }
                 true
             }
@@ -242,6 +244,7 @@ mod tests {
             stride,
             count,
             tier: 1,
+            pace_ns: 0,
         };
         assert_eq!(readahead_for(100, &p(101, 1, 4)), 4);
         assert_eq!(readahead_for(100, &p(105, 1, 8)), 12, "up to the far end");

@@ -7,9 +7,9 @@
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use crate::backend::{Completion, IoClass, PageBuf, PageKey};
+use crate::backend::{BackendError, Completion, IoClass, PageBuf, PageKey};
 use crate::error::{Error, Result};
 use crate::page_table::{self as pt, ABSENT, DIRTY, EVER_WRITTEN, IDLE, NOWRITE};
 use crate::page_table::{CREDIT_MASK, CREDIT_SHIFT, LEVEL_MASK, LEVEL_SHIFT, MAX_LEVEL};
@@ -49,6 +49,24 @@ pub(crate) struct Request {
     pub ra_write: bool,
     pub prio: u8,
     pub mode: Mode,
+    /// How long the read-ahead stays useful (its stream's pace; `None`: not known).
+    pub ahead_useful_for: Option<Duration>,
+}
+
+/// The deadline of a read-ahead whose pages its stream is expected to pass in `pace_based`,
+/// never below the configured floor ([`crate::Config::prefetch_deadline_us`]).
+///
+/// The server serves demand before prefetch, so without a deadline a read-ahead could wait
+/// for as long as other threads keep reading, and hold the threads that reach its pages as
+/// long. But a read-ahead that arrives after its stream would have passed at full speed is
+/// not useless: the stream waits for it instead of faulting page by page (deadlines of the
+/// pace alone dropped most windows of a prefetched scan and made it several times slower:
+/// the pace of a prefetched stream is that of its hits). A window is useless once a demand
+/// read issued when the stream reached it would have been faster: when it has waited in the
+/// queue far longer than a demand read takes. The floor is that bound.
+pub(crate) fn prefetch_deadline(inner: &Inner, pace_based: Option<Duration>) -> Duration {
+    let floor = Duration::from_micros(inner.cfg.prefetch_deadline_us);
+    pace_based.map_or(floor, |d| d.max(floor))
 }
 
 #[derive(Default, Debug)]
@@ -270,29 +288,42 @@ fn fetch_locked(
             pt::unlock(pt::entry(l.vpn), l.old);
         }
     }
-    let ahead_len = batch.len() - n_demand;
     let recv = |n| take_buf(&RECV, n);
     let recv_back = |b| give_buf(&RECV, b);
     if req.mode == Mode::Hint {
         // A hint returns only once its read-ahead is installed too: one request for all the
         // pages (one reply, one wake-up) is all the thread can use.
-        let read = submit_phase(inner, reg, batch, IoClass::Demand, recv)?;
+        let read = submit_phase(inner, reg, batch, IoClass::Demand, None, recv)?;
         install_phase(inner, reg, req, batch, read, recv_back)?;
     } else {
         // The faulting thread resumes as soon as its page is in, so the read-ahead goes as a
         // separate, lower-priority request. Both are sent before either is waited for: over
         // a network the read-ahead then costs no extra round trip.
         let (demand, ahead) = batch.split_at(n_demand);
-        let demand_read = submit_phase(inner, reg, demand, IoClass::Demand, recv)?;
-        let ahead_read = submit_phase(inner, reg, ahead, IoClass::Prefetch, |n| {
-            take_buf(&RECV_AHEAD, n)
-        })?;
+        let demand_read = submit_phase(inner, reg, demand, IoClass::Demand, None, recv)?;
+        let useful_for = prefetch_deadline(inner, req.ahead_useful_for);
+        let ahead_read = submit_phase(
+            inner,
+            reg,
+            ahead,
+            IoClass::Prefetch,
+            Some(useful_for),
+            |n| take_buf(&RECV_AHEAD, n),
+        )?;
         install_phase(inner, reg, req, demand, demand_read, recv_back)?;
-        install_phase(inner, reg, req, ahead, ahead_read, |b| {
-            give_buf(&RECV_AHEAD, b)
-        })?;
+        match arrived_in_time(ahead_read) {
+            Ok(read) => install_phase(inner, reg, req, ahead, read, |b| give_buf(&RECV_AHEAD, b))?,
+            Err(msg) => {
+                tracing::trace!("fault read-ahead dropped: {msg}");
+                release_unread(inner, ahead);
+                batch.truncate(n_demand);
+            }
+        }
     }
-    add(&inner.stats.c.readahead_pages, ahead_len as u64);
+    add(
+        &inner.stats.c.readahead_pages,
+        (batch.len() - n_demand) as u64,
+    );
     // Bookkeeping is queued, not done here: the policy and the histogram are shared with
     // every other fetching thread and the reclaimer (PFA's minimal fault path).
     let ns = t0.elapsed().as_nanos() as u64;
@@ -308,16 +339,43 @@ fn fetch_locked(
 /// A backend read in flight for one class of pages.
 pub(crate) struct InFlight {
     pub completion: Completion,
-    pages: usize,
+    pub pages: usize,
+}
+
+/// Wait for a prefetch read: `Err` if the backend dropped it as late (nothing was read), else
+/// the finished read, ready for [`install_phase`].
+pub(crate) fn arrived_in_time(
+    read: Option<InFlight>,
+) -> std::result::Result<Option<InFlight>, String> {
+    let Some(r) = read else { return Ok(None) };
+    match r.completion.wait() {
+        Err(BackendError::Late(msg)) => Err(msg),
+        result => Ok(Some(InFlight {
+            completion: Completion::ready(result),
+            ..r
+        })),
+    }
+}
+
+/// Give back locked pages whose read was dropped: each goes back to its word before the lock
+/// (absent, far copy intact), which wakes whoever waits for it, and its budget is returned.
+pub(crate) fn release_unread(inner: &Inner, pages: &[Locked]) {
+    for l in pages {
+        pt::unlock(pt::entry(l.vpn), l.old);
+    }
+    inner.resident.fetch_sub(pages.len(), Ordering::AcqRel);
+    add(&inner.stats.c.prefetch_dropped_late, pages.len() as u64);
 }
 
 /// Submit the backend read of the remote pages among `pages` (none if all are fresh), into
-/// a buffer from `buf(pages)`.
+/// a buffer from `buf(pages)`. A prefetch with `useful_for` may come back
+/// [`crate::backend::BackendError::Late`] instead (see [`crate::backend::Backend::submit_prefetch`]).
 pub(crate) fn submit_phase(
     inner: &Inner,
     reg: &RegionInfo,
     pages: &[Locked],
     class: IoClass,
+    useful_for: Option<Duration>,
     buf: impl FnOnce(usize) -> PageBuf,
 ) -> Result<Option<InFlight>> {
     let mut keys = Vec::new();
@@ -341,8 +399,12 @@ pub(crate) fn submit_phase(
         return Ok(None);
     }
     let n = keys.len();
+    let completion = match useful_for {
+        Some(d) if class == IoClass::Prefetch => inner.backend.submit_prefetch(keys, buf(n), d),
+        _ => inner.backend.submit_read(class, keys, buf(n)),
+    };
     Ok(Some(InFlight {
-        completion: inner.backend.submit_read(class, keys, buf(n)),
+        completion,
         pages: n,
     }))
 }

@@ -115,6 +115,7 @@ fn pause(inner: &Arc<Inner>) {
                 ra_write: false,
                 prio: 0,
                 mode: Mode::Hint,
+                ahead_useful_for: None,
             };
             match fetch::ensure(inner, &reg, &req) {
                 Ok(o) => fetched += o.installed as u64,

@@ -136,6 +136,7 @@ pub fn hint_slow(addr: usize, len: usize, flags: u32, rdahead: i32, ev_prio: u8)
         ra_write: false,
         prio: ev_prio.min(7),
         mode: Mode::Hint,
+        ahead_useful_for: None,
     };
     match fetch::ensure(&inner, &reg, &req) {
         Ok(o) if o.installed + o.unprotected > 0 => add(&inner.stats.c.hint_misses, 1),

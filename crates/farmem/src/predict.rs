@@ -19,6 +19,11 @@
 //! the predicted pages it walked past were used (no fault on them); when a run breaks, the
 //! predicted pages beyond its last fault were not. A majority prediction starts a run, so its
 //! pages are accounted the same way.
+//!
+//! **Pace.** Each stream measures how fast it advances (nanoseconds per stride step between
+//! the faults of a run), so a prediction also says by when its pages are needed: a read that
+//! cannot arrive before the stream passes its last page is useless, and the backend may drop
+//! it (Canvas's timeliness).
 
 use std::collections::HashMap;
 
@@ -35,11 +40,26 @@ pub struct Prediction {
     pub count: usize,
     /// Which tier made it (1: run, 2: majority).
     pub tier: u8,
+    /// The stream's pace: nanoseconds per stride step (0: not measured yet).
+    pub pace_ns: u64,
 }
 
 impl Prediction {
     pub fn pages(&self) -> impl Iterator<Item = usize> + '_ {
         (0..self.count).map(move |k| offset(self.start, self.stride * k as isize))
+    }
+
+    /// How long until the stream, now at `vpn`, passes the last predicted page: after that
+    /// none of the pages is of any use ahead of the stream. `None` before the pace is known.
+    pub fn useful_for(&self, vpn: usize) -> Option<std::time::Duration> {
+        if self.pace_ns == 0 || self.count == 0 {
+            return None;
+        }
+        let last = offset(self.start, self.stride * (self.count as isize - 1));
+        let steps = ((last as isize - vpn as isize) / self.stride).max(1) as u64;
+        Some(std::time::Duration::from_nanos(
+            steps.saturating_mul(self.pace_ns),
+        ))
     }
 }
 
@@ -61,6 +81,9 @@ struct Stream {
     next: usize,
     steps: [isize; HISTORY],
     n_steps: usize,
+    /// Time of the last fault (0: none with a clock), and the pace measured along runs.
+    last_ns: u64,
+    pace_ns: u64,
 }
 
 impl Stream {
@@ -134,9 +157,22 @@ impl Predictor {
         std::mem::take(&mut self.tally)
     }
 
-    /// A fault at `vpn` in `region` by thread `tid`: the pages worth fetching ahead of the
-    /// stream's next accesses (none already predicted), if any.
+    /// [`Predictor::on_fault_at`] without a clock (no pace).
+    #[cfg(test)]
     pub fn on_fault(&mut self, region: u32, tid: u32, vpn: usize) -> Option<Prediction> {
+        self.on_fault_at(region, tid, vpn, 0)
+    }
+
+    /// A fault at `vpn` in `region` by thread `tid` at time `now_ns` (any monotonic clock,
+    /// 0: unknown): the pages worth fetching ahead of the stream's next accesses (none
+    /// already predicted), if any.
+    pub fn on_fault_at(
+        &mut self,
+        region: u32,
+        tid: u32,
+        vpn: usize,
+        now_ns: u64,
+    ) -> Option<Prediction> {
         if self.max_window == 0 {
             return None;
         }
@@ -158,6 +194,14 @@ impl Predictor {
             // The pages strictly between the last fault and this one were predicted and
             // read without a fault.
             self.tally.used += (step / s.stride) as u64 - 1;
+            if now_ns > s.last_ns && s.last_ns != 0 {
+                let sample = (now_ns - s.last_ns) / (step / s.stride) as u64;
+                s.pace_ns = if s.pace_ns == 0 {
+                    sample
+                } else {
+                    (3 * s.pace_ns + sample) / 4
+                };
+            }
             s.window = (s.window * 2).clamp(MIN_WINDOW.min(max), max);
             run_prediction(s, vpn)
         } else {
@@ -190,7 +234,9 @@ impl Predictor {
         }
         s.last_step = step;
         s.last = vpn;
-        prediction
+        s.last_ns = now_ns;
+        let pace_ns = s.pace_ns;
+        prediction.map(|p| Prediction { pace_ns, ..p })
     }
 }
 
@@ -216,6 +262,7 @@ fn run_prediction(s: &mut Stream, vpn: usize) -> Option<Prediction> {
         stride,
         count,
         tier: 1,
+        pace_ns: 0,
     })
 }
 
@@ -391,5 +438,28 @@ mod tests {
         p.on_fault(1, 1, base);
         let q = p.on_fault(1, 1, base + 1).unwrap();
         assert_eq!(q.count, 16);
+    }
+
+    #[test]
+    fn a_run_measures_its_pace_and_says_when_its_pages_are_passed() {
+        let mut p = Predictor::new(64);
+        // A stride-2 scan faulting every 10 µs per stride step: two equal steps start a run.
+        assert_eq!(p.on_fault_at(1, 1, 100, 1_000_000), None);
+        assert_eq!(p.on_fault_at(1, 1, 102, 1_010_000), None);
+        let q = p.on_fault_at(1, 1, 104, 1_020_000).unwrap();
+        assert_eq!(q.pace_ns, 0, "a run just started: no pace yet");
+        assert_eq!(q.useful_for(104), None);
+        // Its window of 4 was read without faults; the next fault is 5 steps on, 50 µs later.
+        let q = p.on_fault_at(1, 1, 114, 1_070_000).unwrap();
+        assert_eq!(q.pace_ns, 10_000);
+        assert_eq!((q.start, q.stride, q.count), (116, 2, 8));
+        // The last page (130) is 8 steps ahead of 114: 80 µs.
+        assert_eq!(
+            q.useful_for(114),
+            Some(std::time::Duration::from_micros(80))
+        );
+        // A slower stretch moves the pace a quarter of the way.
+        let q = p.on_fault_at(1, 1, 132, 1_070_000 + 9 * 30_000).unwrap();
+        assert_eq!(q.pace_ns, (3 * 10_000 + 30_000) / 4);
     }
 }

@@ -13,6 +13,12 @@
 //! the thread that reaches them (hint or fault, see `fetch::ensure`), the control thread when
 //! the batch is old (nobody came back for it), or region teardown. Completing takes the batch
 //! out of the registry first, so it happens once.
+//!
+//! **Late prefetches are dropped** (Canvas). Each batch carries how long its pages stay
+//! useful: the time until its stream (measured pace) passes the batch's last page. The
+//! backend answers `Late` to a read it could not start in that time (a far-memory server
+//! busy with demand reads); completing such a batch releases its pages unread and returns
+//! their budget, and a thread that was waiting for one of them reads it on demand.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -98,6 +104,10 @@ struct Stream {
     last_first: usize,
     /// Next page to read ahead.
     next: usize,
+    /// When that hint reached the runtime, and the stream's pace in ns per page (0: not
+    /// measured yet).
+    last_ns: u64,
+    pace_ns: u64,
 }
 
 thread_local! {
@@ -149,13 +159,25 @@ pub(crate) fn pipeline(
     } else {
         window_end
     };
-    STREAM.with(|s| {
-        s.set(Stream {
-            region: reg.id,
-            last_first: first,
-            next,
-        })
-    });
+    let now = inner.now_ns();
+    let pace_ns = if continues && now > st.last_ns {
+        let sample = (now - st.last_ns) / (first - st.last_first) as u64;
+        if st.pace_ns == 0 {
+            sample
+        } else {
+            (3 * st.pace_ns + sample) / 4
+        }
+    } else {
+        st.pace_ns
+    };
+    let mut stream = Stream {
+        region: reg.id,
+        last_first: first,
+        next,
+        last_ns: now,
+        pace_ns,
+    };
+    STREAM.with(|s| s.set(stream));
     if !continues {
         return;
     }
@@ -165,17 +187,17 @@ pub(crate) fn pipeline(
         let hi = (next + r).min(reg.end_vpn());
         let window = next..hi;
         next = hi;
-        if submit_pages(inner, reg, window, prio) == Submitted::NoBudget {
+        // Useful until the scan passes the window's last page.
+        let useful_for = fetch::prefetch_deadline(
+            inner,
+            (pace_ns != 0).then(|| Duration::from_nanos((hi - 1 - first) as u64 * pace_ns)),
+        );
+        if submit_pages(inner, reg, window, prio, useful_for) == Submitted::NoBudget {
             break;
         }
     }
-    STREAM.with(|s| {
-        s.set(Stream {
-            region: reg.id,
-            last_first: first,
-            next,
-        })
-    });
+    stream.next = next;
+    STREAM.with(|s| s.set(stream));
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -191,11 +213,13 @@ pub(crate) enum Submitted {
 /// Read pages `vpns` (ascending, inside `reg`) ahead of use, in the prefetch class: lock the
 /// absent ones, reserve free budget for them (never reclaiming for read-ahead), submit the
 /// read and register the batch, to be completed by whoever reaches one of its pages first.
+/// With `useful_for`, the backend may drop the read if it cannot start it in that time.
 pub(crate) fn submit_pages(
     inner: &Inner,
     reg: &RegionInfo,
     vpns: impl IntoIterator<Item = usize>,
     prio: u8,
+    useful_for: Duration,
 ) -> Submitted {
     let me = fetch::owner_id();
     let mut pages: Vec<Locked> = vpns
@@ -220,7 +244,14 @@ pub(crate) fn submit_pages(
             Submitted::Nothing
         };
     }
-    let read = match fetch::submit_phase(inner, reg, &pages, IoClass::Prefetch, take_buf) {
+    let read = match fetch::submit_phase(
+        inner,
+        reg,
+        &pages,
+        IoClass::Prefetch,
+        Some(useful_for),
+        take_buf,
+    ) {
         Ok(r) => r,
         Err(e) => crate::fatal(&format!("read-ahead: {e}")),
     };
@@ -237,10 +268,19 @@ pub(crate) fn submit_pages(
 }
 
 /// Install a batch: wait for its data, map its pages (waking threads that faulted on them),
-/// unlock them and hand them to the reclaim policy.
-fn complete(inner: &Inner, b: Batch) -> Result<()> {
+/// unlock them and hand them to the reclaim policy. A batch the backend dropped as late is
+/// released instead: its pages go back to absent and unlocked, their budget is returned.
+fn complete(inner: &Inner, mut b: Batch) -> Result<()> {
     if b.read.as_ref().is_some_and(|r| !r.completion.is_done()) {
         add(&inner.stats.c.prefetch_late, 1);
+    }
+    match fetch::arrived_in_time(b.read.take()) {
+        Ok(read) => b.read = read,
+        Err(msg) => {
+            tracing::trace!("read-ahead dropped: {msg}");
+            fetch::release_unread(inner, &b.pages);
+            return Ok(());
+        }
     }
     let req = Request {
         first: b.pages[0].vpn,
@@ -250,6 +290,7 @@ fn complete(inner: &Inner, b: Batch) -> Result<()> {
         ra_write: false,
         prio: b.prio,
         mode: Mode::Hint,
+        ahead_useful_for: None,
     };
     fetch::install_phase(inner, &b.reg, &req, &b.pages, b.read, give_buf)?;
     if inner

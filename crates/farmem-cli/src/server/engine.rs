@@ -129,6 +129,9 @@ struct Job {
     pages: usize,
     /// Bytes counted in the connection's `held` for this job.
     reserve: usize,
+    /// A prefetch read's deadline: past it the pages would reach the client after the
+    /// program needed them, so the request is answered `Late` unserved.
+    expires: Option<Instant>,
 }
 
 /// Why a connection is closed (decides the log level and the metrics).
@@ -202,6 +205,8 @@ pub struct Engine {
     paused: Vec<u64>,
     bucket: Option<Bucket>,
     stop: bool,
+    /// Queued jobs that carry a deadline (prefetch reads): none, no scan for expired ones.
+    deadlines_queued: usize,
 }
 
 fn class_index(c: IoClass) -> usize {
@@ -258,6 +263,7 @@ impl Engine {
             paused: Vec::new(),
             bucket,
             stop: false,
+            deadlines_queued: 0,
         })
     }
 
@@ -787,14 +793,36 @@ impl Engine {
                 session,
                 pages,
                 reserve,
+                expires: h.useful_for().map(|d| Instant::now() + d),
             },
             pages.max(1) as u64,
         );
+        if h.useful_for != 0 {
+            self.deadlines_queued += 1;
+        }
         Ok(())
+    }
+
+    /// Answer `Late` to the queued prefetch reads whose deadline has passed: demand reads
+    /// ahead of them kept them waiting until their pages are no use any more. Done before
+    /// each turn, so a prefetch stuck behind a stream of demand is answered in time instead
+    /// of holding its pages (and the threads that reach them) until the demand stops.
+    fn drop_expired(&mut self) {
+        if self.deadlines_queued == 0 {
+            return;
+        }
+        let now = Instant::now();
+        let expired = self.sched.take_where(class_index(IoClass::Prefetch), |j| {
+            j.expires.is_some_and(|e| e <= now)
+        });
+        for (tenant, job) in expired {
+            self.execute(tenant, job);
+        }
     }
 
     /// Serve a turn's worth of queued requests in fair order (within the bandwidth cap).
     fn serve(&mut self) {
+        self.drop_expired();
         let start = Instant::now();
         for _ in 0..JOBS_PER_TURN {
             if start.elapsed() > TURN_BUDGET {
@@ -826,7 +854,18 @@ impl Engine {
         let ci = class_index(job.class);
         self.metrics.requests[ci].fetch_add(1, Ordering::Relaxed);
         self.tenants[tenant].metrics.requests[ci].fetch_add(1, Ordering::Relaxed);
-        if self.sessions.get(&job.session).is_none_or(|s| s.closed) {
+        if job.expires.is_some() {
+            self.deadlines_queued -= 1;
+        }
+        if job.expires.is_some_and(|e| e <= Instant::now()) {
+            let waited = job.expires.map(|e| e.elapsed()).unwrap_or_default();
+            let msg = format!(
+                "prefetch of {} page(s) dropped: still queued {} us past its deadline",
+                job.pages,
+                waited.as_micros()
+            );
+            self.send_error(job.conn, job.id, job.class, ErrorCode::Late, &msg);
+        } else if self.sessions.get(&job.session).is_none_or(|s| s.closed) {
             self.send_error(
                 job.conn,
                 job.id,
@@ -1018,7 +1057,8 @@ impl Engine {
         let _ = self.poll.registry().deregister(&mut c.sock);
         // Its queued requests go now: a client that fills its window and reconnects again
         // and again must not pile up request bodies.
-        self.sched.retain(|j| j.conn != id);
+        let dropped = self.sched.take_all_where(|j| j.conn == id);
+        self.deadlines_queued -= dropped.iter().filter(|(_, j)| j.expires.is_some()).count();
         self.held.forget(&mut c);
         self.metrics.connections.fetch_sub(1, Ordering::Relaxed);
         if let State::Ready { session, .. } = c.state {

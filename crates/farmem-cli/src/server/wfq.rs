@@ -98,18 +98,44 @@ impl<J> Wfq<J> {
         Some((i, job))
     }
 
-    /// Drop the queued jobs `keep` rejects (their connection closed).
-    pub fn retain(&mut self, mut keep: impl FnMut(&J) -> bool) {
-        for f in &mut self.flows {
-            for q in &mut f.queues {
-                let before = q.len();
-                q.retain(|(j, _)| keep(j));
-                self.jobs -= before - q.len();
+    /// Take out the queued jobs `pick` selects, of every class (their connection closed).
+    pub fn take_all_where(&mut self, pick: impl FnMut(&J) -> bool) -> Vec<(usize, J)> {
+        self.take_where_in(0..CLASSES, pick)
+    }
+
+    /// Take out the jobs of one class that `pick` selects, with their flows, in queue order.
+    /// They are answered without being served, so no flow is charged for them.
+    pub fn take_where(&mut self, class: usize, pick: impl FnMut(&J) -> bool) -> Vec<(usize, J)> {
+        self.take_where_in(class..class + 1, pick)
+    }
+
+    fn take_where_in(
+        &mut self,
+        classes: std::ops::Range<usize>,
+        mut pick: impl FnMut(&J) -> bool,
+    ) -> Vec<(usize, J)> {
+        let mut out = Vec::new();
+        for (i, f) in self.flows.iter_mut().enumerate() {
+            for q in &mut f.queues[classes.clone()] {
+                if !q.iter().any(|(j, _)| pick(j)) {
+                    continue;
+                }
+                let mut kept = VecDeque::with_capacity(q.len());
+                for (j, c) in q.drain(..) {
+                    if pick(&j) {
+                        out.push((i, j));
+                    } else {
+                        kept.push_back((j, c));
+                    }
+                }
+                *q = kept;
             }
             if f.backlogged && f.queues.iter().all(|q| q.is_empty()) {
                 f.backlogged = false;
             }
         }
+        self.jobs -= out.len();
+        out
     }
 }
 
@@ -197,7 +223,26 @@ mod tests {
         }
         let first: String = (0..6).map(|_| q.pop().unwrap().1).collect();
         assert!(first.contains('a') && first.contains('b'), "{first}");
-        q.retain(|&j| j != 'a');
+        q.take_all_where(|&j| j == 'a');
         assert!(std::iter::from_fn(|| q.pop()).all(|(f, _)| f == b));
+    }
+
+    #[test]
+    fn jobs_taken_from_one_class_leave_the_others_in_order() {
+        let mut q = Wfq::default();
+        let a = q.add_flow(1);
+        let b = q.add_flow(1);
+        q.push(a, 0, 1, 1);
+        q.push(a, 1, 2, 1);
+        q.push(b, 1, 3, 1);
+        q.push(a, 1, 4, 1);
+        q.push(b, 2, 5, 1);
+        let taken = q.take_where(1, |&j| j == 2 || j == 3);
+        assert_eq!(taken, vec![(a, 2), (b, 3)]);
+        let rest: Vec<u32> = std::iter::from_fn(|| q.pop()).map(|(_, j)| j).collect();
+        assert_eq!(rest.len(), 3);
+        assert!(rest.contains(&1) && rest.contains(&4) && rest.contains(&5));
+        assert!(q.is_empty());
+        assert!(q.take_where(1, |_| true).is_empty());
     }
 }

@@ -97,7 +97,7 @@ impl Server {
         self.metrics = line
             .split("http://")
             .nth(1)
-            .map(|r| r.trim_end_matches(|c: char| c == ')' || c.is_whitespace()))
+            .and_then(|r| r.split([')', ';', ' ', '\n']).next())
             .map(|r| r.trim_end_matches("/metrics").to_string());
         self.child = Some(child);
     }

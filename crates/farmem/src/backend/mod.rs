@@ -46,6 +46,10 @@ pub enum BackendError {
     /// lost this program's pages): pages held there are lost and the program must stop.
     #[error("{0}")]
     Unavailable(String),
+    /// A prefetch read was dropped unserved: its pages would have arrived after they were
+    /// needed. Nothing is lost; whoever needs them reads them on demand.
+    #[error("{0}")]
+    Late(String),
 }
 
 /// A page-aligned buffer of whole pages (UFFDIO_COPY needs an aligned source).
@@ -203,6 +207,20 @@ pub trait Backend: Send + Sync {
     /// Read `keys.len()` pages into `buf` (whose length is set to the number of keys).
     /// Reading a page the backend does not hold is an error, never zeros.
     fn submit_read(&self, class: IoClass, keys: Vec<PageKey>, buf: PageBuf) -> Completion;
+
+    /// Read ahead of use: like a prefetch-class [`Backend::submit_read`], except that the
+    /// pages are only useful for `useful_for` from now. A backend that cannot deliver them
+    /// in time may answer [`BackendError::Late`] instead (in-process backends deliver at
+    /// once, so they never do).
+    fn submit_prefetch(
+        &self,
+        keys: Vec<PageKey>,
+        buf: PageBuf,
+        useful_for: std::time::Duration,
+    ) -> Completion {
+        let _ = useful_for;
+        self.submit_read(IoClass::Prefetch, keys, buf)
+    }
 
     /// Store `keys.len()` pages from `buf`. When the completion reports success, every page
     /// is durable in the backend (the runtime may drop its local copies).

@@ -481,8 +481,23 @@ pub fn encode_welcome(out: &mut Vec<u8>, w: &Welcome) {
 
 /// A Read of `keys` (1..=MAX_BATCH_PAGES of them).
 pub fn encode_read(out: &mut Vec<u8>, id: u64, class: IoClass, keys: &[PageKey]) {
+    encode_read_useful_for(out, id, class, keys, 0);
+}
+
+/// A Read whose pages stay useful for `useful_for` units of [`super::USEFUL_FOR_UNIT_US`]
+/// after it reaches the server (0: no deadline; only prefetch reads of version 2 have one).
+pub fn encode_read_useful_for(
+    out: &mut Vec<u8>,
+    id: u64,
+    class: IoClass,
+    keys: &[PageKey],
+    useful_for: u16,
+) {
     assert!(!keys.is_empty() && keys.len() <= MAX_BATCH_PAGES);
-    head(out, Kind::Read, class, id, 4 + keys.len() * READ_KEY_LEN);
+    assert!(useful_for == 0 || class == IoClass::Prefetch);
+    let mut h = Header::new(Kind::Read, class, id, 4 + keys.len() * READ_KEY_LEN);
+    h.useful_for = useful_for;
+    h.encode(out);
     out.extend_from_slice(&(keys.len() as u32).to_le_bytes());
     for k in keys {
         out.extend_from_slice(&k.region.to_le_bytes());

@@ -14,7 +14,11 @@
 //! ```
 //!
 //! Every frame starts with a 16-byte little-endian header `len u32 | kind u8 | class u8 |
-//! flags u16 | id u64` followed by `len` bytes of body. The server may answer out of order (it
+//! useful_for u16 | id u64` followed by `len` bytes of body. `useful_for` is 0 except on a
+//! prefetch-class Read (version 2): how long, in units of [`USEFUL_FOR_UNIT_US`], the pages
+//! stay useful once the request reaches the server. A server that cannot start serving it in
+//! that time answers `Late` instead of spending bandwidth on pages that would arrive after
+//! the program needed them (Canvas drops prefetches that cannot return in time). The server may answer out of order (it
 //! serves demand reads before prefetches before write-backs), so responses are matched by id.
 //! Every page on the wire carries its CRC32C; both ends check it. The secret itself never
 //! crosses the wire: each side proves it knows it with an HMAC-SHA256 over fresh nonces.
@@ -33,7 +37,11 @@ use crate::sys::mem::PAGE_SIZE;
 pub const MAGIC: [u8; 4] = *b"FMEM";
 /// Protocol versions this build speaks.
 pub const VERSION_MIN: u16 = 1;
-pub const VERSION_MAX: u16 = 1;
+pub const VERSION_MAX: u16 = 2;
+/// First version whose prefetch reads may carry `useful_for`.
+pub const VERSION_USEFUL_FOR: u16 = 2;
+/// Unit of a header's `useful_for`, microseconds (the field reaches about one second).
+pub const USEFUL_FOR_UNIT_US: u64 = 16;
 pub const HEADER_LEN: usize = 16;
 /// Most pages in one Read, Write or ReadOk frame.
 pub const MAX_BATCH_PAGES: usize = 1024;
@@ -140,6 +148,9 @@ pub struct Header {
     pub kind: Kind,
     pub class: IoClass,
     pub id: u64,
+    /// A prefetch Read's deadline, in [`USEFUL_FOR_UNIT_US`] units after it reaches the
+    /// server (0: none).
+    pub useful_for: u16,
 }
 
 impl Header {
@@ -149,26 +160,33 @@ impl Header {
             kind,
             class,
             id,
+            useful_for: 0,
         }
+    }
+
+    /// How long the request stays useful after it reaches the server, if it says.
+    pub fn useful_for(&self) -> Option<std::time::Duration> {
+        (self.useful_for != 0)
+            .then(|| std::time::Duration::from_micros(self.useful_for as u64 * USEFUL_FOR_UNIT_US))
     }
 
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.len.to_le_bytes());
         out.push(self.kind as u8);
         out.push(class_to_u8(self.class));
-        out.extend_from_slice(&0u16.to_le_bytes());
+        out.extend_from_slice(&self.useful_for.to_le_bytes());
         out.extend_from_slice(&self.id.to_le_bytes());
     }
 
-    /// Decode and validate a header: known kind, valid class, zero flags, body within the
-    /// kind's limit.
+    /// Decode and validate a header: known kind, valid class, `useful_for` only on a
+    /// prefetch Read, body within the kind's limit.
     pub fn decode(b: &[u8; HEADER_LEN]) -> Result<Header, ProtoError> {
         let len = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         let kind = Kind::from_u8(b[4]).ok_or(ProtoError::UnknownKind(b[4]))?;
         let class = class_from_u8(b[5]).ok_or(ProtoError::BadClass(b[5]))?;
-        let flags = u16::from_le_bytes([b[6], b[7]]);
-        if flags != 0 {
-            return Err(ProtoError::Flags(flags));
+        let useful_for = u16::from_le_bytes([b[6], b[7]]);
+        if useful_for != 0 && (kind != Kind::Read || class != IoClass::Prefetch) {
+            return Err(ProtoError::Flags(useful_for));
         }
         let id = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
         if len as usize > kind.max_body() {
@@ -183,6 +201,7 @@ impl Header {
             kind,
             class,
             id,
+            useful_for,
         })
     }
 
@@ -231,7 +250,7 @@ pub enum ProtoError {
     UnknownKind(u8),
     #[error("invalid priority class {0}")]
     BadClass(u8),
-    #[error("reserved flags {0:#x} set")]
+    #[error("reserved header field {0:#x} set (a deadline on a frame other than a prefetch read)")]
     Flags(u16),
     #[error("{kind:?} frame of {len} bytes exceeds the {max}-byte limit")]
     Oversized { kind: Kind, len: usize, max: usize },
@@ -265,6 +284,8 @@ pub enum ErrorCode {
     ShuttingDown = 9,
     /// The server has too many connections or tenants.
     TooBusy = 10,
+    /// A prefetch read that waited past its `useful_for` was dropped unserved.
+    Late = 11,
 }
 
 impl ErrorCode {
@@ -281,6 +302,7 @@ impl ErrorCode {
             8 => CapacityExceeded,
             9 => ShuttingDown,
             10 => TooBusy,
+            11 => Late,
             _ => return None,
         })
     }
@@ -299,11 +321,12 @@ impl ErrorCode {
             CapacityExceeded => "capacity_exceeded",
             ShuttingDown => "shutting_down",
             TooBusy => "too_busy",
+            Late => "late",
         }
     }
 
     /// Every code, for metrics.
-    pub const ALL: [ErrorCode; 10] = [
+    pub const ALL: [ErrorCode; 11] = [
         ErrorCode::BadRequest,
         ErrorCode::AuthFailed,
         ErrorCode::Version,
@@ -314,5 +337,6 @@ impl ErrorCode {
         ErrorCode::CapacityExceeded,
         ErrorCode::ShuttingDown,
         ErrorCode::TooBusy,
+        ErrorCode::Late,
     ];
 }

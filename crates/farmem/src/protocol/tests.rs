@@ -308,3 +308,31 @@ fn read_ok_page_count_from_length() {
     assert_eq!(read_ok_pages(4), None);
     assert_eq!(read_ok_pages(0), None);
 }
+
+#[test]
+fn a_prefetch_read_carries_its_deadline_and_nothing_else_may() {
+    let keys = [PageKey { region: 3, page: 9 }];
+    let mut out = Vec::new();
+    encode_read_useful_for(&mut out, 7, IoClass::Prefetch, &keys, 125);
+    let (h, n) = split_frame(&out).unwrap().unwrap();
+    assert_eq!(n, out.len());
+    assert_eq!(h.useful_for, 125);
+    assert_eq!(
+        h.useful_for(),
+        Some(std::time::Duration::from_micros(125 * USEFUL_FOR_UNIT_US))
+    );
+    // Without a deadline the field is zero, as version 1 requires.
+    let mut plain = Vec::new();
+    encode_read(&mut plain, 7, IoClass::Prefetch, &keys);
+    assert_eq!(split_frame(&plain).unwrap().unwrap().0.useful_for(), None);
+    assert_eq!(plain[6..8], [0, 0]);
+    // The same field on a demand read (or any other frame) is refused.
+    let mut bad = Vec::new();
+    encode_read(&mut bad, 7, IoClass::Demand, &keys);
+    bad[6] = 5;
+    assert_eq!(split_frame(&bad), Err(ProtoError::Flags(5)));
+    assert_eq!(
+        ErrorCode::from_u16(ErrorCode::Late as u16),
+        Some(ErrorCode::Late)
+    );
+}

@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::io::{IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,7 +37,9 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What a request asks for.
 pub(crate) enum Op<'a> {
-    Read(&'a [PageKey]),
+    /// Pages to read, and (prefetch reads) how long they stay useful, in the protocol's
+    /// units (0: no deadline).
+    Read(&'a [PageKey], u16),
     /// Keys and their pages (`keys.len()` pages at `data`).
     Write(&'a [PageKey], &'a [u8]),
     Free(FreeReq),
@@ -103,6 +105,8 @@ pub(crate) struct Conn {
     window_cv: Condvar,
     /// Most pages in flight (half the server's window).
     window: AtomicUsize,
+    /// Protocol version of the current connection (0 before the first).
+    version: AtomicU16,
 }
 
 /// Why the receiver stopped reading.
@@ -156,13 +160,14 @@ impl Conn {
             }),
             window_cv: Condvar::new(),
             window: AtomicUsize::new(1),
+            version: AtomicU16::new(0),
         }
     }
 
     /// Send a request; `done` hears of its reply (or of the backend's death).
     pub fn submit(&self, class: IoClass, op: Op, done: Done) {
         let pages = match &op {
-            Op::Read(k) | Op::Write(k, _) => k.len(),
+            Op::Read(k, _) | Op::Write(k, _) => k.len(),
             _ => 1,
         };
         let id = {
@@ -186,7 +191,16 @@ impl Conn {
         let mut head = Vec::new();
         let mut data = None;
         match op {
-            Op::Read(keys) => p::encode_read(&mut head, id, class, keys),
+            Op::Read(keys, useful_for) => {
+                // A server older than deadlines would refuse the field: it serves every
+                // prefetch, late or not, as before.
+                let useful_for = if self.version.load(Ordering::Relaxed) >= p::VERSION_USEFUL_FOR {
+                    useful_for
+                } else {
+                    0
+                };
+                p::encode_read_useful_for(&mut head, id, class, keys, useful_for)
+            }
             Op::Write(keys, pages) => {
                 p::encode_write_head(&mut head, id, class, keys, pages);
                 data = Some(RawPages {
@@ -268,6 +282,7 @@ impl Conn {
             Ordering::Relaxed,
         );
         self.sh.note_welcome(w, o.instance);
+        self.version.store(o.version, Ordering::Relaxed);
         let s = o.stream;
         s.set_read_timeout(Some(POLL_INTERVAL))?;
         s.set_write_timeout(Some(WRITE_TIMEOUT))?;
@@ -283,7 +298,14 @@ impl Conn {
         let mut s = s;
         let mut ok = true;
         for (head, data) in &resend {
-            if let Err(e) = write_req(&mut s, head, *data) {
+            let mut head = head.clone();
+            if o.version < p::VERSION_USEFUL_FOR && head[6..8] != [0, 0] {
+                // Reconnected to an older server: the deadline goes, the read stays.
+                let mut h = head.to_vec();
+                h[6..8].fill(0);
+                head = h.into();
+            }
+            if let Err(e) = write_req(&mut s, &head, *data) {
                 tracing::debug!("re-sending after reconnection failed: {e}");
                 let _ = s.shutdown(Shutdown::Both);
                 ok = false;

@@ -58,6 +58,8 @@ pub(crate) struct Opened {
     pub welcome: Welcome,
     /// The server process's random instance id.
     pub instance: u64,
+    /// Protocol version the server chose.
+    pub version: u16,
 }
 
 /// Connect to `addr` and authenticate as `tenant` for `session` (resuming it if `resume`).
@@ -164,5 +166,6 @@ pub(crate) fn open(
         stream: s,
         welcome: w,
         instance: ch.instance,
+        version: ch.version,
     })
 }

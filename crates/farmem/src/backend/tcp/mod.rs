@@ -142,6 +142,7 @@ impl Shared {
         let m = format!("server {}: {msg}", self.spec.addr);
         match code {
             ErrorCode::QuotaExceeded | ErrorCode::CapacityExceeded => BackendError::Full(m),
+            ErrorCode::Late => BackendError::Late(m),
             _ => BackendError::Failed(m),
         }
     }
@@ -314,6 +315,7 @@ impl TcpBackend {
         keys: Vec<PageKey>,
         mut buf: PageBuf,
         write: bool,
+        useful_for: u16,
     ) -> Completion {
         let n = keys.len();
         if write && buf.len() < n {
@@ -350,7 +352,7 @@ impl TcpBackend {
             } else {
                 conn.submit(
                     class,
-                    Op::Read(keys),
+                    Op::Read(keys, useful_for),
                     Done::Read {
                         join: join.clone(),
                         start,
@@ -396,11 +398,23 @@ impl Backend for TcpBackend {
     }
 
     fn submit_read(&self, class: IoClass, keys: Vec<PageKey>, buf: PageBuf) -> Completion {
-        self.submit(class, keys, buf, false)
+        self.submit(class, keys, buf, false, 0)
+    }
+
+    fn submit_prefetch(
+        &self,
+        keys: Vec<PageKey>,
+        buf: PageBuf,
+        useful_for: Duration,
+    ) -> Completion {
+        let units = useful_for.as_micros() as u64 / crate::protocol::USEFUL_FOR_UNIT_US;
+        // At least one unit (0 means no deadline), at most what the field holds.
+        let units = units.clamp(1, u16::MAX as u64) as u16;
+        self.submit(IoClass::Prefetch, keys, buf, false, units)
     }
 
     fn submit_write(&self, class: IoClass, keys: Vec<PageKey>, buf: PageBuf) -> Completion {
-        self.submit(class, keys, buf, true)
+        self.submit(class, keys, buf, true, 0)
     }
 
     fn stored_bytes(&self) -> u64 {
