@@ -4,6 +4,7 @@ mod bench;
 mod demo;
 mod run;
 mod server;
+mod trace;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

@@ -1,0 +1,1 @@
+//! Executable mappings of the traced process (filled in by the unwinding work).

@@ -1,0 +1,1 @@
+//! Symbolization of code addresses (filled in by the unwinding work).
