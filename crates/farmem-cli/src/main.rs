@@ -32,6 +32,9 @@ enum Cmd {
     Bench(bench::Args),
     /// Run an unmodified program with part of its heap in far memory.
     Run(run::Args),
+    /// Run a program as `run` does and report which code lines cause its far-memory faults,
+    /// with flame graphs and a suggested hint per site.
+    Trace(trace::Args),
     /// Run the memory server: far memory for programs on other machines (or this one),
     /// multi-tenant, authenticated, fairly shared.
     Server(server::Args),
@@ -51,5 +54,6 @@ fn main() -> Result<()> {
         Cmd::Bench(a) => bench::run(a),
         Cmd::Server(a) => server::run(a),
         Cmd::Run(a) => run::run(a),
+        Cmd::Trace(a) => trace::run(a),
     }
 }

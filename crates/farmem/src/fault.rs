@@ -38,6 +38,32 @@ pub(crate) struct FaultServer {
     msgs: Vec<UffdMsg>,
     pending: VecDeque<Fault>,
     predictor: Option<Predictor>,
+    /// `farmem trace` is recording (`crate::fault_log`).
+    logging: bool,
+}
+
+/// Record a fault for `farmem trace`, with what it needs (read off the page's word now,
+/// before it is served).
+fn log_fault(f: &Fault) {
+    use crate::fault_log::{FaultKind, FaultRecord};
+    use crate::page_table::{ABSENT, REMOTE};
+    let w = crate::page_table::entry(f.addr >> PAGE_SHIFT).load(Ordering::Acquire);
+    let kind = if f.wp {
+        FaultKind::WriteProtect
+    } else if w & ABSENT == 0 {
+        FaultKind::Resolved
+    } else if w & REMOTE != 0 {
+        FaultKind::Fetch
+    } else {
+        FaultKind::ZeroFill
+    };
+    crate::fault_log::record(FaultRecord {
+        time_ns: crate::fault_log::monotonic_ns(),
+        tid: f.tid,
+        kind,
+        write: f.write,
+        addr: f.addr as u64,
+    });
 }
 
 impl FaultServer {
@@ -46,6 +72,7 @@ impl FaultServer {
             msgs: vec![UffdMsg::default(); 64],
             pending: VecDeque::new(),
             predictor: None,
+            logging: crate::fault_log::enabled(),
         }
     }
 
@@ -70,6 +97,9 @@ impl FaultServer {
                 tid: m.ptid,
             };
             add(&inner.stats.c.unhinted_faults, 1);
+            if self.logging {
+                log_fault(&f);
+            }
             if !self.serve(inner, f) {
                 self.pending.push_back(f);
             }

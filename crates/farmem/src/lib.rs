@@ -21,6 +21,7 @@ pub mod config;
 mod discard;
 pub mod error;
 mod fault;
+pub mod fault_log;
 mod fetch;
 pub mod fork;
 mod hint;

@@ -26,6 +26,21 @@ use clap::Parser;
                   child made by fork() without exec runs with its memory local."
 )]
 pub struct Args {
+    #[command(flatten)]
+    pub opts: Options,
+    /// The program and its arguments.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    pub cmd: Vec<OsString>,
+}
+
+/// How the program runs under farmem (shared with `farmem trace`).
+#[derive(clap::Args, Debug)]
+pub struct Options {
     /// Local memory for the program's heap: a size (512M, 2G) or a percentage of the
     /// program's peak memory (25%), which needs --peak or --measure-peak. Default: half of
     /// this machine's memory.
@@ -59,14 +74,6 @@ pub struct Args {
     /// The libfarmem.so to preload (default: FARMEM_LIB, or the one next to this binary).
     #[arg(long, value_name = "PATH")]
     lib: Option<PathBuf>,
-    /// The program and its arguments.
-    #[arg(
-        required = true,
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "CMD"
-    )]
-    cmd: Vec<OsString>,
 }
 
 /// Find libfarmem.so: next to this binary or in its deps/ (a cargo build), or in ../lib (an
@@ -101,7 +108,7 @@ fn find_lib(explicit: Option<&Path>) -> Result<PathBuf> {
 }
 
 /// Resolve --local-mem to bytes.
-fn budget(a: &Args) -> Result<Option<u64>> {
+fn budget(a: &Options, cmd: &[OsString]) -> Result<Option<u64>> {
     let Some(s) = a.local_mem.as_deref() else {
         return Ok(None);
     };
@@ -118,7 +125,7 @@ fn budget(a: &Args) -> Result<Option<u64>> {
     }
     let peak = match (&a.peak, a.measure_peak) {
         (Some(p), _) => farmem::config::parse_size(p)?,
-        (None, true) => measure_peak(&a.cmd)?,
+        (None, true) => measure_peak(cmd)?,
         (None, false) => bail!(
             "--local-mem {s} is a share of the program's peak memory: give --peak SIZE, or \
              --measure-peak to measure it with a first run"
@@ -180,20 +187,26 @@ fn check_userfaultfd() -> Result<()> {
         .context("farmem needs userfaultfd")
 }
 
-pub fn run(a: Args) -> Result<()> {
+/// The program's command, set up to run under farmem: library preloaded, configuration in
+/// the environment (checked here first), statistics written to `stats_dir`.
+pub struct Prepared {
+    pub cmd: Command,
+    pub local: Option<u64>,
+}
+
+pub fn prepare(a: &Options, program: &[OsString], stats_dir: &Path) -> Result<Prepared> {
     let lib_env = std::env::var_os("FARMEM_LIB").map(PathBuf::from);
     let lib = find_lib(a.lib.as_deref().or(lib_env.as_deref()))?;
     check_userfaultfd()?;
-    let local = budget(&a)?;
+    let local = budget(a, program)?;
     if let Some(b) = &a.backend {
         farmem::BackendSpec::parse(b).context("--backend")?;
     }
     if let Some(p) = &a.policy {
         farmem::PolicyKind::parse(p).context("--policy")?;
     }
-    let stats_dir = tempdir()?;
-    let mut cmd = Command::new(&a.cmd[0]);
-    cmd.args(&a.cmd[1..]);
+    let mut cmd = Command::new(&program[0]);
+    cmd.args(&program[1..]);
     let preload = match std::env::var_os("LD_PRELOAD") {
         Some(old) if !old.is_empty() => {
             let mut v = lib.clone().into_os_string();
@@ -205,7 +218,7 @@ pub fn run(a: Args) -> Result<()> {
     };
     cmd.env("LD_PRELOAD", preload)
         .env("FARMEM_PRELOAD", "1")
-        .env("FARMEM_STATS_DIR", &stats_dir);
+        .env("FARMEM_STATS_DIR", stats_dir);
     if let Some(b) = local {
         cmd.env("FARMEM_LOCAL_MEM", b.to_string());
     }
@@ -221,8 +234,13 @@ pub fn run(a: Args) -> Result<()> {
     }
     // The config the program will see must be valid: check it here, with this process's
     // view of the same variables, so a bad value is reported before anything runs.
-    check_config(local, &a)?;
+    check_config(local, a)?;
+    Ok(Prepared { cmd, local })
+}
 
+pub fn run(a: Args) -> Result<()> {
+    let stats_dir = tempdir()?;
+    let Prepared { mut cmd, local } = prepare(&a.opts, &a.cmd, &stats_dir)?;
     let forward = signals::Forwarder::install()?;
     let t0 = Instant::now();
     let child = match cmd.spawn() {
@@ -247,17 +265,17 @@ pub fn run(a: Args) -> Result<()> {
 
     let rep = report::Report::collect(&stats_dir, pid, status, wall, &ru, local);
     let _ = std::fs::remove_dir_all(&stats_dir);
-    if a.stats {
+    if a.opts.stats {
         eprint!("{}", rep.human());
     }
-    if let Some(f) = &a.stats_json {
+    if let Some(f) = &a.opts.stats_json {
         std::fs::write(f, rep.json())
             .with_context(|| format!("writing statistics to {}", f.display()))?;
     }
     signals::pass_status_through(status)
 }
 
-fn check_config(local: Option<u64>, a: &Args) -> Result<()> {
+fn check_config(local: Option<u64>, a: &Options) -> Result<()> {
     let mut c = farmem::Config::default();
     if let Some(b) = local {
         c.local_mem = b;
@@ -270,7 +288,7 @@ fn check_config(local: Option<u64>, a: &Args) -> Result<()> {
 }
 
 /// A private directory for the statistics files of this run.
-fn tempdir() -> Result<PathBuf> {
+pub fn tempdir() -> Result<PathBuf> {
     let base = std::env::temp_dir();
     for i in 0..100u32 {
         let d = base.join(format!("farmem-run-{}-{i}", std::process::id()));

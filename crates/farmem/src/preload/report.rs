@@ -29,6 +29,7 @@ fn peak_rss() -> u64 {
 
 extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
+        crate::fault_log::flush();
         if super::STATE.load(Ordering::Acquire) != super::READY {
             return; // a forked child: the parent reports
         }
