@@ -62,7 +62,7 @@ pub struct Args {
     sample_rate: u64,
     /// Bytes of the faulting thread's stack copied per sample, for unwinding (deep stacks
     /// need more).
-    #[arg(long, value_name = "BYTES", default_value_t = 16384, value_parser = clap::value_parser!(u32).range(512..=65528))]
+    #[arg(long, value_name = "BYTES", default_value_t = 8192, value_parser = clap::value_parser!(u32).range(512..=65528))]
     stack_bytes: u32,
     /// Fault sites listed in the report.
     #[arg(long, value_name = "N", default_value_t = 15)]
@@ -76,6 +76,9 @@ pub struct Args {
     )]
     cmd: Vec<OsString>,
 }
+
+/// Ring buffer per CPU, in pages (16 MiB: about two thousand samples of 8 KiB of stack).
+const RING_PAGES: usize = 4096;
 
 /// A sample after unwinding: where the fault happened and by which path.
 struct Sampled {
@@ -138,7 +141,7 @@ pub fn run(a: Args) -> Result<()> {
             .read_exact(&mut b)
             .context("the program did not start")?;
         let pid = i32::from_le_bytes(b);
-        let r = Recorder::open(pid, period, stack_bytes, 2048);
+        let r = Recorder::open(pid, period, stack_bytes, RING_PAGES);
         let _ = go.write_all(&[r.is_err() as u8]);
         r.map_err(|e| {
             anyhow::anyhow!(
@@ -225,7 +228,7 @@ fn finish(
         }
     };
     let status = loop {
-        rec.wait(50);
+        rec.wait(5);
         rec.drain(|ev| take(ev, &mut maps));
         if let Some(st) = child.try_wait().context("waiting for the program")? {
             break st;
@@ -240,15 +243,18 @@ fn finish(
     let sampled = samples.len();
     let faults = join(&records, samples);
     eprintln!(
-        "farmem trace: {:?} ended ({status}) after {:.1} s: {} far-memory faults, {} sampled \
-         faults, {} of them far-memory{}",
+        "farmem trace: {:?} ended ({status}) after {:.1} s: {} far-memory faults; {} faults \
+         sampled, {} of them far-memory{}",
         a.cmd[0],
         wall.as_secs_f64(),
         records.len(),
         sampled,
         faults.len(),
         if lost > 0 {
-            format!(", {lost} samples lost")
+            format!(
+                "; {lost} samples lost (the program faulted faster than they were read; \
+                 --sample-rate 10 keeps up)"
+            )
         } else {
             String::new()
         }

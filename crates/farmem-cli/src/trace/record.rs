@@ -57,6 +57,7 @@ const FLAG_INHERIT: u64 = 1 << 1;
 const FLAG_EXCLUDE_HV: u64 = 1 << 6;
 const FLAG_MMAP: u64 = 1 << 8;
 const FLAG_ENABLE_ON_EXEC: u64 = 1 << 12;
+const FLAG_WATERMARK: u64 = 1 << 14;
 const FLAG_EXCLUDE_CALLCHAIN_KERNEL: u64 = 1 << 21;
 const FLAG_MMAP2: u64 = 1 << 23;
 const FLAG_USE_CLOCKID: u64 = 1 << 25;
@@ -196,8 +197,12 @@ impl Recorder {
                 | FLAG_MMAP2
                 | FLAG_ENABLE_ON_EXEC
                 | FLAG_EXCLUDE_CALLCHAIN_KERNEL
-                | FLAG_USE_CLOCKID,
-            wakeup_events: 1,
+                | FLAG_USE_CLOCKID
+                | FLAG_WATERMARK,
+            // Wake the reader when a quarter of the ring is full (it also polls every few
+            // milliseconds): one wake-up per sample would cost the program a context switch
+            // per fault.
+            wakeup_events: (ring_pages.next_power_of_two() * 4096 / 4) as u32,
             sample_regs_user: REGS.iter().fold(0, |m, r| m | 1 << r),
             sample_stack_user: stack_bytes & !7,
             clockid: libc::CLOCK_MONOTONIC,

@@ -96,7 +96,10 @@ pub enum Pattern {
 }
 
 impl Pattern {
-    fn of(steps: &[i64], reuse: f64) -> Pattern {
+    /// From the steps between the faults of one site, seen one in `rate` (so a scan that
+    /// faults on every page shows steps of about `rate` pages).
+    fn of(steps: &[i64], reuse: f64, rate: u64) -> Pattern {
+        let rate = rate.max(1) as i64;
         if steps.len() < 3 {
             return Pattern::Unknown;
         }
@@ -114,8 +117,9 @@ impl Pattern {
             .into_iter()
             .max_by_key(|&(s, c)| (c, -s.abs()))
             .unwrap_or((0, 0));
-        if mode_n as f64 / n >= 0.6 && mode.abs() > 1 && mode.abs() <= 64 {
-            return Pattern::Strided { pages: mode };
+        let stride = mode / rate;
+        if mode_n as f64 / n >= 0.6 && mode % rate == 0 && stride.abs() > 1 && stride.abs() <= 64 {
+            return Pattern::Strided { pages: stride };
         }
         if fwd >= 0.7 || bwd >= 0.7 {
             let backward = bwd > fwd;
@@ -162,27 +166,31 @@ fn suggest(p: &Pattern, zero_fill_share: f64, write_share: f64) -> String {
             _ => "fm_hint_ex(p, len, FM_WRITE, 0, 0);  /* first touch of new memory (or farmem run --prefault) */".into(),
         };
     }
-    let w = if write_share >= 0.5 {
-        "FM_WRITE | "
-    } else {
-        ""
+    let write = write_share >= 0.5;
+    let flags = |seq: bool| match (write, seq) {
+        (true, true) => "FM_WRITE | FM_SEQ",
+        (true, false) => "FM_WRITE",
+        (false, true) => "FM_SEQ",
+        (false, false) => "0",
     };
     match p {
         Pattern::Sequential { backward, .. } => {
             let r = if *backward { -63 } else { 63 };
-            format!("fm_hint_ex(p, len, {w}FM_SEQ, {r}, 0);  /* a scan: read ahead of it */")
+            format!("fm_hint_ex(p, len, {}, {r}, 0);  /* a scan: read ahead of it */", flags(true))
         }
         Pattern::Strided { pages } => format!(
-            "fm_hint_ex(p + {} * PAGE, len, {}0, 0, 0);  /* stride of {pages} pages: hint a few elements ahead */",
+            "fm_hint_ex(p + {} * PAGE, len, {}, 0, 0);  /* stride of {pages} pages: hint a few elements ahead */",
             pages * 4,
-            w
+            flags(false)
         ),
         Pattern::Random { reuse } if *reuse < 0.1 => format!(
-            "fm_hint_ex(p, len, {w}0, 0, 7);  /* random, touched once: fetch on this thread, evict first */"
+            "fm_hint_ex(p, len, {}, 0, 7);  /* random, touched once: fetch on this thread, evict first */",
+            flags(false)
         ),
-        Pattern::Random { .. } => {
-            format!("fm_hint_ex(p, len, {w}0, 0, 0);  /* random: no read-ahead; fetching on this thread is cheaper than a fault */")
-        }
+        Pattern::Random { .. } => format!(
+            "fm_hint_ex(p, len, {}, 0, 0);  /* random: no read-ahead; fetching on this thread is cheaper than a fault */",
+            flags(false)
+        ),
         Pattern::Unknown => "(too few faults to suggest a hint)".into(),
     }
 }
@@ -294,7 +302,7 @@ impl Report {
                         .filter(|g| g.len() > 1)
                         .count();
                     let reuse = again as f64 / distinct.max(1) as f64;
-                    let pattern = Pattern::of(&steps, reuse);
+                    let pattern = Pattern::of(&steps, reuse, sample_rate);
                     let n = stats.samples.max(1) as f64;
                     let suggestion = suggest(
                         &pattern,
@@ -455,7 +463,7 @@ mod tests {
         // A scan faulting once per read-ahead window.
         let seq: Vec<i64> = vec![256; 20];
         assert!(matches!(
-            Pattern::of(&seq, 0.0),
+            Pattern::of(&seq, 0.0, 1),
             Pattern::Sequential {
                 backward: false,
                 ..
@@ -463,11 +471,11 @@ mod tests {
         ));
         let back: Vec<i64> = vec![-1; 20];
         assert!(matches!(
-            Pattern::of(&back, 0.0),
+            Pattern::of(&back, 0.0, 1),
             Pattern::Sequential { backward: true, .. }
         ));
         let strided: Vec<i64> = vec![5; 20];
-        assert_eq!(Pattern::of(&strided, 0.0), Pattern::Strided { pages: 5 });
+        assert_eq!(Pattern::of(&strided, 0.0, 1), Pattern::Strided { pages: 5 });
         let mut x = 12345i64;
         let random: Vec<i64> = (0..50)
             .map(|_| {
@@ -475,8 +483,22 @@ mod tests {
                 x % 20000 - 10000
             })
             .collect();
-        assert!(matches!(Pattern::of(&random, 0.5), Pattern::Random { .. }));
-        assert_eq!(Pattern::of(&[1, 2], 0.0), Pattern::Unknown);
+        assert!(matches!(
+            Pattern::of(&random, 0.5, 1),
+            Pattern::Random { .. }
+        ));
+        assert_eq!(Pattern::of(&[1, 2], 0.0, 1), Pattern::Unknown);
+        // Seen one fault in 10: a page-by-page scan steps 10 pages, a stride of 4 steps 40.
+        let sampled_scan: Vec<i64> = vec![10; 20];
+        assert!(matches!(
+            Pattern::of(&sampled_scan, 0.0, 10),
+            Pattern::Sequential { .. }
+        ));
+        let sampled_stride: Vec<i64> = vec![40; 20];
+        assert_eq!(
+            Pattern::of(&sampled_stride, 0.0, 10),
+            Pattern::Strided { pages: 4 }
+        );
     }
 
     #[test]
