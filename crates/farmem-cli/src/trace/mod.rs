@@ -37,7 +37,7 @@ use farmem::fault_log::{FaultKind, FaultRecord};
 use crate::run;
 use modules::{Module, ModuleMap};
 use record::{Event, Recorder};
-use unwind::{Regs, Unwinder};
+use unwind::Unwinder;
 
 #[derive(clap::Parser, Debug)]
 #[command(
@@ -203,17 +203,7 @@ fn finish(
         }),
         Event::Lost(n) => lost += n,
         Event::Sample(s) => {
-            let Some(r) = s.regs else { return };
-            let regs = Regs {
-                ip: r.ip,
-                sp: r.sp,
-                bp: r.bp,
-                bx: r.bx,
-                r12: r.r12,
-                r13: r.r13,
-                r14: r.r14,
-                r15: r.r15,
-            };
+            let Some(regs) = s.regs else { return };
             let mut pcs = unwinder.unwind(maps.of(s.pid), &regs, s.stack, 64);
             if pcs.len() < 2 && s.callchain.len() > pcs.len() {
                 pcs = s.callchain.clone(); // no CFI here: the frame-pointer walk, if any

@@ -11,6 +11,8 @@
 use std::io;
 use std::sync::atomic::{fence, Ordering};
 
+use super::unwind::Regs;
+
 /// `struct perf_event_attr` (version 8 layout, 136 bytes).
 #[repr(C)]
 #[derive(Default)]
@@ -84,19 +86,6 @@ const MISC_MMAP_BUILD_ID: u16 = 1 << 14;
 /// Calls from frame-pointer chains beyond this are dropped by the kernel.
 const MAX_CALLCHAIN: u16 = 127;
 
-/// User registers at the fault (what DWARF unwinding needs on x86-64).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct UserRegs {
-    pub ip: u64,
-    pub sp: u64,
-    pub bp: u64,
-    pub bx: u64,
-    pub r12: u64,
-    pub r13: u64,
-    pub r14: u64,
-    pub r15: u64,
-}
-
 /// One sampled fault, borrowed from the ring buffer.
 pub struct Sample<'a> {
     pub pid: u32,
@@ -104,7 +93,7 @@ pub struct Sample<'a> {
     pub time_ns: u64,
     pub addr: u64,
     /// User registers (absent for a fault in a kernel thread).
-    pub regs: Option<UserRegs>,
+    pub regs: Option<Regs>,
     /// The user stack from `regs.sp` up.
     pub stack: &'a [u8],
     /// The kernel's frame-pointer walk of the user stack (first entry: the user IP).
@@ -407,7 +396,7 @@ fn parse_sample(body: &[u8]) -> Option<Sample<'_>> {
             *r = c.u64()?;
         }
         // REGS is ascending: bx, bp, sp, ip, r12..r15.
-        Some(UserRegs {
+        Some(Regs {
             bx: v[0],
             bp: v[1],
             sp: v[2],
