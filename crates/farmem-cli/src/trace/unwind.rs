@@ -66,7 +66,23 @@ pub struct Unwinder {
     modules: HashMap<PathBuf, Option<ModuleCfi>>,
     ctx: Box<UnwindContext<usize>>,
     debug_root: PathBuf,
+    /// Unwind rows already computed, by (module start, lookup address). Samples of one
+    /// program keep hitting the same few hundred code addresses, and finding the FDE and
+    /// running its CFA program is most of a step: with the cache the reader keeps up with
+    /// tens of thousands of samples a second.
+    rows: HashMap<(u64, u64), CachedRow>,
 }
+
+/// A computed unwind row, whether its FDE is a signal trampoline, and which section it came
+/// from (expressions in it refer to that section).
+struct CachedRow {
+    row: UnwindTableRow<usize>,
+    signal: bool,
+    from_eh_frame: bool,
+}
+
+/// Rows kept at most (a cache of all of them is cleared and refilled).
+const MAX_CACHED_ROWS: usize = 1 << 18;
 
 impl Default for Unwinder {
     fn default() -> Self {
@@ -86,6 +102,7 @@ impl Unwinder {
             modules: HashMap::new(),
             ctx: Box::new(UnwindContext::new()),
             debug_root: root,
+            rows: HashMap::new(),
         }
     }
 
@@ -158,24 +175,62 @@ impl Unwinder {
             modules,
             ctx,
             debug_root,
+            rows,
         } = self;
         // Looked up by reference first: no allocation per frame once the module is cached.
         if !modules.contains_key(&module.path) {
             modules.insert(module.path.clone(), ModuleCfi::load(&module.path));
         }
         let cfi = modules.get_mut(&module.path)?.as_mut()?;
+        let key = (module.start, lookup_pc);
+        if let Some(c) = rows.get(&key) {
+            let next = if c.from_eh_frame {
+                apply_row(&cfi.eh_frame.as_ref()?.cfi.section, &c.row, file, mem)
+            } else {
+                apply_row(
+                    &cfi.debug_frame(&module.path, debug_root)?.section,
+                    &c.row,
+                    file,
+                    mem,
+                )
+            };
+            return next.map(|f| (f, c.signal));
+        }
+        if rows.len() >= MAX_CACHED_ROWS {
+            rows.clear();
+        }
         let addr = module.elf_address(lookup_pc, Some(&cfi.layout))?;
         let ctx = &mut **ctx;
         if let Some(eh) = &cfi.eh_frame {
             if let Some(fde) = eh.fde(addr) {
                 let (row, signal) = eh.cfi.row(&fde, addr, ctx)?;
-                return apply_row(&eh.cfi.section, &row, file, mem).map(|f| (f, signal));
+                let next = apply_row(&eh.cfi.section, &row, file, mem).map(|f| (f, signal));
+                let from_eh_frame = true;
+                rows.insert(
+                    key,
+                    CachedRow {
+                        row,
+                        signal,
+                        from_eh_frame,
+                    },
+                );
+                return next;
             }
         }
         let df = cfi.debug_frame(&module.path, debug_root)?;
         let fde = df.fde_from_index(addr)?;
         let (row, signal) = df.row(&fde, addr, ctx)?;
-        apply_row(&df.section, &row, file, mem).map(|f| (f, signal))
+        let next = apply_row(&df.section, &row, file, mem).map(|f| (f, signal));
+        let from_eh_frame = false;
+        rows.insert(
+            key,
+            CachedRow {
+                row,
+                signal,
+                from_eh_frame,
+            },
+        );
+        next
     }
 }
 
