@@ -183,54 +183,49 @@ impl Unwinder {
         }
         let cfi = modules.get_mut(&module.path)?.as_mut()?;
         let key = (module.start, lookup_pc);
-        if let Some(c) = rows.get(&key) {
-            let next = if c.from_eh_frame {
-                apply_row(&cfi.eh_frame.as_ref()?.cfi.section, &c.row, file, mem)
-            } else {
-                apply_row(
-                    &cfi.debug_frame(&module.path, debug_root)?.section,
-                    &c.row,
-                    file,
-                    mem,
-                )
-            };
-            return next.map(|f| (f, c.signal));
-        }
-        if rows.len() >= MAX_CACHED_ROWS {
-            rows.clear();
-        }
-        let addr = module.elf_address(lookup_pc, Some(&cfi.layout))?;
-        let ctx = &mut **ctx;
-        if let Some(eh) = &cfi.eh_frame {
-            if let Some(fde) = eh.fde(addr) {
-                let (row, signal) = eh.cfi.row(&fde, addr, ctx)?;
-                let next = apply_row(&eh.cfi.section, &row, file, mem).map(|f| (f, signal));
-                let from_eh_frame = true;
-                rows.insert(
-                    key,
-                    CachedRow {
-                        row,
-                        signal,
-                        from_eh_frame,
-                    },
-                );
-                return next;
+        if !rows.contains_key(&key) {
+            if rows.len() >= MAX_CACHED_ROWS {
+                rows.clear();
             }
+            let addr = module.elf_address(lookup_pc, Some(&cfi.layout))?;
+            let ctx = &mut **ctx;
+            let eh_fde = cfi
+                .eh_frame
+                .as_ref()
+                .and_then(|eh| eh.fde(addr).map(|fde| (eh, fde)));
+            let (row, signal, from_eh_frame) = match eh_fde {
+                Some((eh, fde)) => {
+                    let (row, signal) = eh.cfi.row(&fde, addr, ctx)?;
+                    (row, signal, true)
+                }
+                None => {
+                    let df = cfi.debug_frame(&module.path, debug_root)?;
+                    let fde = df.fde_from_index(addr)?;
+                    let (row, signal) = df.row(&fde, addr, ctx)?;
+                    (row, signal, false)
+                }
+            };
+            rows.insert(
+                key,
+                CachedRow {
+                    row,
+                    signal,
+                    from_eh_frame,
+                },
+            );
         }
-        let df = cfi.debug_frame(&module.path, debug_root)?;
-        let fde = df.fde_from_index(addr)?;
-        let (row, signal) = df.row(&fde, addr, ctx)?;
-        let next = apply_row(&df.section, &row, file, mem).map(|f| (f, signal));
-        let from_eh_frame = false;
-        rows.insert(
-            key,
-            CachedRow {
-                row,
-                signal,
-                from_eh_frame,
-            },
-        );
-        next
+        let c = rows.get(&key)?;
+        let next = if c.from_eh_frame {
+            apply_row(&cfi.eh_frame.as_ref()?.cfi.section, &c.row, file, mem)
+        } else {
+            apply_row(
+                &cfi.debug_frame(&module.path, debug_root)?.section,
+                &c.row,
+                file,
+                mem,
+            )
+        };
+        next.map(|f| (f, c.signal))
     }
 }
 
