@@ -263,16 +263,65 @@ pub fn run(a: Args) -> Result<()> {
     forward.set_child(0);
     let wall = t0.elapsed();
 
-    let rep = report::Report::collect(&stats_dir, pid, status, wall, &ru, local);
+    let ended = Ended {
+        pid,
+        status,
+        wall,
+        rusage: ru,
+        local,
+    };
+    let stats = write_stats(&a.opts, &stats_dir, &ended);
     let _ = std::fs::remove_dir_all(&stats_dir);
-    if a.opts.stats {
+    stats?;
+    signals::pass_status_through(status)
+}
+
+/// How the program ended.
+pub struct Ended {
+    pub pid: i32,
+    /// Wait status.
+    pub status: i32,
+    pub wall: std::time::Duration,
+    pub rusage: libc::rusage,
+    pub local: Option<u64>,
+}
+
+/// The statistics `--stats` and `--stats-json` ask for, from what the program's processes
+/// wrote to `stats_dir`.
+pub fn write_stats(a: &Options, stats_dir: &Path, e: &Ended) -> Result<()> {
+    if !a.stats && a.stats_json.is_none() {
+        return Ok(());
+    }
+    let rep = report::Report::collect(stats_dir, e.pid, e.status, e.wall, &e.rusage, e.local);
+    if a.stats {
         eprint!("{}", rep.human());
     }
-    if let Some(f) = &a.opts.stats_json {
+    if let Some(f) = &a.stats_json {
         std::fs::write(f, rep.json())
             .with_context(|| format!("writing statistics to {}", f.display()))?;
     }
-    signals::pass_status_through(status)
+    Ok(())
+}
+
+/// wait4 without blocking: the wait status and rusage once `pid` has ended.
+pub fn try_wait_with_rusage(pid: i32) -> Result<Option<(i32, libc::rusage)>> {
+    let mut status = 0;
+    // SAFETY: rusage is plain old data; all-zero is a valid value.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: polling our own child with valid out-pointers.
+    let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut ru) };
+    match r {
+        0 => Ok(None),
+        r if r == pid => Ok(Some((status, ru))),
+        _ => {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                Ok(None)
+            } else {
+                Err(e).context("waiting for the program")
+            }
+        }
+    }
 }
 
 fn check_config(local: Option<u64>, a: &Options) -> Result<()> {

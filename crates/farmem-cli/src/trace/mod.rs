@@ -27,7 +27,7 @@ pub mod unwind;
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::{Read, Write};
-use std::os::unix::process::CommandExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -104,6 +104,7 @@ pub fn run(a: Args) -> Result<()> {
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let work = run::tempdir()?;
     let prepared = run::prepare(&a.opts, &a.cmd, &work)?;
+    let prepared_local = prepared.local;
     let mut cmd = prepared.cmd;
     cmd.env("FARMEM_TRACE_DIR", &work);
 
@@ -167,7 +168,7 @@ pub fn run(a: Args) -> Result<()> {
                 child.id(),
                 a.sample_rate
             );
-            finish(a, child, rec, &work, t0)
+            finish(a, child.id() as i32, rec, &work, t0, prepared_local)
         }
         // The child refuses to run without the sampler, so this is only for safety.
         (Ok(mut child), Err(e)) => {
@@ -182,10 +183,11 @@ pub fn run(a: Args) -> Result<()> {
 
 fn finish(
     a: Args,
-    mut child: std::process::Child,
+    pid: i32,
     mut rec: Recorder,
     work: &std::path::Path,
     t0: Instant,
+    local: Option<u64>,
 ) -> Result<()> {
     // Executable mappings per process (a program may execute others; each has its own).
     let mut maps = Maps::default();
@@ -217,19 +219,30 @@ fn finish(
             });
         }
     };
-    let status = loop {
+    let (status, rusage) = loop {
         rec.wait(5);
         rec.drain(|ev| take(ev, &mut maps));
-        if let Some(st) = child.try_wait().context("waiting for the program")? {
-            break st;
+        if let Some(ended) = run::try_wait_with_rusage(pid)? {
+            break ended;
         }
     };
     rec.drain(|ev| take(ev, &mut maps));
     let wall = t0.elapsed();
     drop(rec);
 
-    let records = read_fault_logs(work)?;
+    let records = read_fault_logs(work);
+    let ended = run::Ended {
+        pid,
+        status,
+        wall,
+        rusage,
+        local,
+    };
+    let stats = run::write_stats(&a.opts, work, &ended);
     let _ = std::fs::remove_dir_all(work);
+    let records = records?;
+    stats?;
+    let status = std::process::ExitStatus::from_raw(status);
     let sampled = samples.len();
     let faults = join(&records, samples);
     eprintln!(
