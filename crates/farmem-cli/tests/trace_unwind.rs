@@ -31,32 +31,13 @@ use object::Object;
 use symbolize::{Frame, Symbolizer};
 use unwind::{Regs, Unwinder};
 
+mod run_support;
+use run_support::Scratch;
+
 const MAX_FRAMES: usize = 64;
 
 fn source() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/unwind_probe.c")
-}
-
-/// A scratch directory for one test, removed when dropped.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let d = std::env::temp_dir().join(format!("farmem-unwind-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Scratch(d)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Whether `tool` can be run; if not, the test that needs it is skipped with a message.
@@ -467,7 +448,7 @@ fn dwz_supplementary_file() {
     let exe = compile(&dir, "probe", &["-g"]);
     let other = compile(&dir, "probe-o1", &["-g", "-O1"]);
     run(Command::new("dwz")
-        .current_dir(&dir.0)
+        .current_dir(dir.dir())
         .args(["-m", "common.debug", "-M", "common.debug"])
         .arg(&exe)
         .arg(&other));

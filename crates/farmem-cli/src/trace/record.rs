@@ -294,7 +294,8 @@ impl Recorder {
         let mut n = 0;
         while tail < head {
             let at = (tail & mask) as usize;
-            let hdr = copy_wrapped(data, at, 8);
+            // Records are 8-byte aligned, so a header never wraps around the end.
+            let hdr = &data[at..at + 8];
             let ty = u32::from_le_bytes(hdr[0..4].try_into().expect("4"));
             let misc = u16::from_le_bytes(hdr[4..6].try_into().expect("2"));
             let len = u16::from_le_bytes(hdr[6..8].try_into().expect("2")) as usize;

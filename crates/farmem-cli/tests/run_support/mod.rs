@@ -56,6 +56,11 @@ impl Scratch {
     pub fn path(&self, name: &str) -> PathBuf {
         self.0.join(name)
     }
+
+    /// The directory itself.
+    pub fn dir(&self) -> &Path {
+        &self.0
+    }
 }
 
 impl Drop for Scratch {
