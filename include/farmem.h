@@ -76,16 +76,21 @@ size_t fm_stats_size(void);
 /* Message of the calling thread's last failed call. */
 const char *fm_last_error(void);
 
-#ifdef FARMEM_NO_HINTS
-#define FM__NEEDS(addr, bit) 0
-#else
 /* Inline check: is there work for the runtime? (weak guard absent -> no; table not reserved
  * -> mask 0 and a zero word -> no; page present with the permission -> no) */
 #define FM__NEEDS(addr, bit)                                                                 \
     (__builtin_expect(&fm_guard != 0, 1) &&                                                  \
      __builtin_expect((fm_guard.table[((uintptr_t)(addr) >> 12) & fm_guard.mask] & (bit)) != 0, 0))
-#endif
 
+#ifdef FARMEM_NO_HINTS
+/* Hints compiled out: nothing is checked and the runtime is never called. */
+static inline void fm_hint(const void *addr) { (void)addr; }
+static inline void fm_hint_write(const void *addr) { (void)addr; }
+static inline void fm_hint_ex(const void *addr, size_t len, unsigned flags, int rdahead,
+                              int ev_prio) {
+    (void)addr, (void)len, (void)flags, (void)rdahead, (void)ev_prio;
+}
+#else
 /* The next access to addr reads it. */
 static inline __attribute__((always_inline)) void fm_hint(const void *addr) {
     if (FM__NEEDS(addr, FM__ABSENT | FM__IDLE))
@@ -109,6 +114,7 @@ static inline __attribute__((always_inline)) void fm_hint_ex(const void *addr, s
         (len > 4096u - ((uintptr_t)(addr) & 4095u) && &fm_guard != 0))
         fm_hint_slow(addr, len, flags, rdahead, ev_prio);
 }
+#endif /* FARMEM_NO_HINTS */
 
 #ifdef __cplusplus
 }

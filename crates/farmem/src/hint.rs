@@ -133,7 +133,10 @@ pub fn hint_slow(addr: usize, len: usize, flags: u32, rdahead: i32, ev_prio: u8)
         count,
         write,
         rdahead,
-        ra_write: false,
+        // The read-ahead of a write hint is for a writer going on (a merge's output, a
+        // buffer being filled): install it writable and dirty, as the fault path does for
+        // sequential writers, instead of write-protected pages that each fault again.
+        ra_write: write,
         prio: ev_prio.min(7),
         mode: Mode::Hint,
         ahead_useful_for: None,
