@@ -1,9 +1,9 @@
 //! The load client of the memcached workload (`farmem bench memcached-client`, internal):
 //! store N keys with deterministic values through memcached's text protocol, read them all
 //! back and verify every byte. Prints one line (the keys and a digest) that must be the same
-//! natively and under farmem.
+//! natively and under farmem. With `--gets`, the read phase is a Zipf GET workload instead.
 
-use std::io::{BufRead, BufReader, BufWriter, Read, Write};
+use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,14 @@ pub struct Args {
     /// Value size in bytes.
     #[arg(long, default_value_t = 100 << 10)]
     value_bytes: usize,
+    /// After the load phase, this many GETs of keys drawn from Zipf(--zipf) (ranks scrambled
+    /// over the keys), each verified, instead of reading every key back once; prints
+    /// `result=` and `ops= secs=` lines for `farmem bench suite`.
+    #[arg(long, default_value_t = 0)]
+    gets: u64,
+    /// Zipf exponent of the GET phase (AIFM and Eden: 0.8).
+    #[arg(long, default_value_t = 0.8)]
+    zipf: f64,
 }
 
 /// Pseudo-random letters shared by every value: each value is a window of this pool chosen by
@@ -90,18 +98,54 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     let stored = t0.elapsed();
+    if a.gets > 0 {
+        let keys = zipf_keys(a.keys, a.gets, a.zipf)?;
+        let t1 = Instant::now();
+        let digest = get_all(&mut w, &mut r, &pool, a.value_bytes, &keys)?;
+        let secs = t1.elapsed().as_secs_f64();
+        eprintln!("memcached client: stored in {:.2} s", stored.as_secs_f64());
+        println!(
+            "result={} keys of {} bytes, {} Zipf({}) GETs verified, digest {digest:016x}",
+            a.keys, a.value_bytes, a.gets, a.zipf
+        );
+        println!("ops={} secs={secs:.6}", a.gets);
+        return Ok(());
+    }
+    let all: Vec<u64> = (0..a.keys).collect();
+    let digest = get_all(&mut w, &mut r, &pool, a.value_bytes, &all)?;
+    // The timing goes to stderr: stdout must be the same natively and under farmem.
+    eprintln!(
+        "memcached client: stored in {:.2} s, read back and verified in {:.2} s",
+        stored.as_secs_f64(),
+        (t0.elapsed() - stored).as_secs_f64()
+    );
+    println!(
+        "memcached: {} keys of {} bytes verified, digest {digest:016x}",
+        a.keys, a.value_bytes
+    );
+    Ok(())
+}
+
+/// GETs `keys` pipelined, verifying every value; a digest of what was read.
+fn get_all(
+    w: &mut impl Write,
+    r: &mut impl BufRead,
+    pool: &[u8],
+    value_bytes: usize,
+    keys: &[u64],
+) -> Result<u64> {
     let mut digest: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut got = vec![0u8; a.value_bytes + 2];
-    for first in (0..a.keys).step_by(PIPELINE as usize) {
-        let last = (first + PIPELINE).min(a.keys);
-        for k in first..last {
+    let mut got = vec![0u8; value_bytes + 2];
+    let mut line = String::new();
+    for batch in keys.chunks(PIPELINE as usize) {
+        for k in batch {
             write!(w, "get key{k}\r\n")?;
         }
         w.flush()?;
-        for k in first..last {
+        for &k in batch {
             line.clear();
             r.read_line(&mut line)?;
-            let want = value(&pool, k, a.value_bytes);
+            let want = value(pool, k, value_bytes);
             let header = format!("VALUE key{k} 0 {}", want.len());
             if line.trim_end() != header {
                 bail!(
@@ -123,15 +167,38 @@ pub fn run(a: Args) -> Result<()> {
             }
         }
     }
-    // The timing goes to stderr: stdout must be the same natively and under farmem.
-    eprintln!(
-        "memcached client: stored in {:.2} s, read back and verified in {:.2} s",
-        stored.as_secs_f64(),
-        (t0.elapsed() - stored).as_secs_f64()
-    );
-    println!(
-        "memcached: {} keys of {} bytes verified, digest {digest:016x}",
-        a.keys, a.value_bytes
-    );
-    Ok(())
+    Ok(digest)
+}
+
+/// `n` keys of `0..keys` drawn from Zipf(`s`) by inverse CDF (rank k, 0 the most popular, has
+/// weight 1 / (k + 1)^s), deterministic; ranks are scrambled by a multiplicative hash so the
+/// popular keys are spread over memcached's memory, not stored first.
+fn zipf_keys(keys: u64, n: u64, s: f64) -> Result<Vec<u64>> {
+    if keys == 0 || !(s >= 0.0 && s.is_finite()) {
+        bail!("--gets needs --keys > 0 and a finite --zipf >= 0");
+    }
+    let mut cdf = Vec::with_capacity(keys as usize);
+    let mut total = 0.0f64;
+    for k in 0..keys {
+        total += 1.0 / ((k + 1) as f64).powf(s);
+        cdf.push(total);
+    }
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    Ok((0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let u = (x >> 11) as f64 / (1u64 << 53) as f64 * total;
+            let rank = cdf.partition_point(|&c| c <= u).min(keys as usize - 1) as u64;
+            // An odd multiplier is a bijection modulo 2^64; cycle-walk into 0..keys.
+            let mut k = rank;
+            loop {
+                k = k.wrapping_mul(0x9E37_79B9_7F4A_7C15) & (keys.next_power_of_two() - 1);
+                if k < keys {
+                    break k;
+                }
+            }
+        })
+        .collect())
 }

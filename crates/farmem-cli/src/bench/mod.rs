@@ -7,6 +7,7 @@ mod programs;
 mod scan;
 mod server;
 mod spawn;
+mod suite;
 mod swap;
 
 use anyhow::Result;
@@ -35,6 +36,11 @@ enum Cmd {
     /// (objects evicted first), plain hints and no hints, at shares of the footprint; the
     /// headline is priority+prio against fifo+hint.
     Kv(kv::Args),
+    /// The evaluation: seqscan, randscan, kvs, dataframe, psort and memcached, natively,
+    /// under Linux swap (zram, swap file) in a memory cgroup, and under farmem (transparent
+    /// and hinted, embedded and TCP backends) at several local-memory fractions; CSV, JSON,
+    /// Markdown tables and plots of normalized throughput.
+    Suite(suite::Args),
     /// (internal) The load client of the memcached workload.
     #[command(hide = true)]
     MemcachedClient(memcached_client::Args),
@@ -53,6 +59,7 @@ pub fn run(a: Args) -> Result<()> {
         Some(Cmd::Load(l)) => server::load(l),
         Some(Cmd::Programs(p)) => programs::run(p),
         Some(Cmd::Kv(k)) => kv::run(k),
+        Some(Cmd::Suite(s)) => suite::run(s),
         Some(Cmd::MemcachedClient(m)) => memcached_client::run(m),
         Some(Cmd::NativeScan(n)) => scan::native_scan(n),
     }

@@ -2,6 +2,7 @@
 //! ephemeral loopback port, with a fresh random secret, stopped when dropped.
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -45,14 +46,24 @@ impl LocalServer {
                 .with_context(|| format!("writing {}", token_file.display()))?;
         }
         let exe = std::env::current_exe().context("locating the farmem binary")?;
-        let mut child = Command::new(exe)
-            .args(["server", "--listen", "127.0.0.1:0", "--token-file"])
+        let mut cmd = Command::new(exe);
+        cmd.args(["server", "--listen", "127.0.0.1:0", "--token-file"])
             .arg(&token_file)
             .args(extra)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .context("starting farmem server")?;
+            .stderr(Stdio::inherit());
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent. The server
+        // must not outlive a benchmark that exits without dropping it (SIGTERM handlers
+        // call exit): it dies with the thread that started it.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().context("starting farmem server")?;
         let mut line = String::new();
         BufReader::new(child.stdout.take().expect("piped"))
             .read_line(&mut line)

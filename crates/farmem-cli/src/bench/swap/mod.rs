@@ -24,6 +24,7 @@ mod tests;
 use cgroup::*;
 use device::*;
 use signals::*;
+pub use signals::{install_cleanup_handler, kill_group_on_signal};
 use sysfs::*;
 
 use std::ffi::{CStr, CString};
@@ -35,7 +36,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, ExitStatus, Output};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::{self, ThreadId};
@@ -317,7 +318,18 @@ impl SwapBaseline {
     /// between fork and exec) and returns its output, stdout and stderr captured (stdin is
     /// /dev/null unless `cmd` sets it). Resets the peak counters first, so [`Self::stats`] and
     /// [`Self::peak_bytes`] describe this run. A non-zero exit status is not an error.
-    pub fn run(&self, mut cmd: Command) -> Result<Output> {
+    pub fn run(&self, cmd: Command) -> Result<Output> {
+        self.run_with(cmd, |c| c.output().map(|o| (o.status, o)))
+    }
+
+    /// As [`Self::run`], with the caller's way of starting and waiting for the command
+    /// (`start` gets it ready to spawn, inside the cgroup, and returns its exit status and
+    /// whatever else it measured).
+    pub fn run_with<T>(
+        &self,
+        mut cmd: Command,
+        start: impl FnOnce(&mut Command) -> io::Result<(ExitStatus, T)>,
+    ) -> Result<T> {
         let procs = self.info.cgroup.join("cgroup.procs");
         let cpath = CString::new(procs.as_os_str().as_bytes())
             .with_context(|| format!("cgroup path {} contains a NUL byte", procs.display()))?;
@@ -329,9 +341,9 @@ impl SwapBaseline {
             cmd.pre_exec(move || enter_cgroup(&cpath));
         }
         let what = format!("{cmd:?}");
-        let out = cmd.output();
-        if let Ok(o) = &out {
-            if matches!(o.status.signal(), Some(libc::SIGINT | libc::SIGTERM)) {
+        let out = start(&mut cmd);
+        if let Ok((status, _)) = &out {
+            if matches!(status.signal(), Some(libc::SIGINT | libc::SIGTERM)) {
                 // A Ctrl-C reaches the whole process group: the same signal may be on its
                 // way to this process.
                 wait_for(Duration::from_millis(500), || {
@@ -341,11 +353,25 @@ impl SwapBaseline {
         }
         // Signaled: let the handler finish the teardown and exit.
         park_if_exiting();
-        out.with_context(|| {
+        out.map(|(_, t)| t).with_context(|| {
             format!(
                 "running {what} in the Linux-swap baseline cgroup {}",
                 self.info.cgroup.display()
             )
+        })
+    }
+
+    /// How many processes the cgroup's OOM killer has killed since it was created (v1
+    /// `memory.oom_control`, v2 `memory.events`), if the kernel says.
+    pub fn oom_kills(&self) -> Option<u64> {
+        let file = match self.info.version {
+            CgVersion::V1 => "memory.oom_control",
+            CgVersion::V2 => "memory.events",
+        };
+        let text = fs::read_to_string(self.info.cgroup.join(file)).ok()?;
+        text.lines().find_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            (k == "oom_kill").then(|| v.trim().parse().ok()).flatten()
         })
     }
 

@@ -63,8 +63,39 @@ pub(super) fn park_if_exiting() {
     }
 }
 
-/// Tears down every registered baseline; returns how many there were.
+/// Process groups to kill before the teardown (benchmark programs that run outside any
+/// baseline cgroup, which teardown would not reach).
+static GROUPS: Mutex<Vec<libc::pid_t>> = Mutex::new(Vec::new());
+
+/// Installs the SIGINT / SIGTERM handler now (it is installed by the first baseline
+/// otherwise), for a program that starts other processes before any baseline exists.
+pub fn install_cleanup_handler() -> Result<()> {
+    install_signal_handler()
+}
+
+/// Registers process group `pgid` to be killed (SIGKILL) when SIGINT / SIGTERM ends this
+/// process; the returned guard unregisters it.
+pub fn kill_group_on_signal(pgid: libc::pid_t) -> GroupGuard {
+    lock(&GROUPS).push(pgid);
+    GroupGuard(pgid)
+}
+
+pub struct GroupGuard(libc::pid_t);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        lock(&GROUPS).retain(|&g| g != self.0);
+    }
+}
+
+/// Tears down every registered baseline (after killing the registered process groups);
+/// returns how many baselines there were.
 pub(super) fn cleanup_all() -> usize {
+    for &g in lock(&GROUPS).iter() {
+        // SAFETY: kill has no memory-safety preconditions; g is a process group this
+        // process started and has not reaped the leader of.
+        unsafe { libc::kill(-g, libc::SIGKILL) };
+    }
     let all: Vec<Arc<Inner>> = lock(&REGISTRY).clone();
     for inner in &all {
         for e in lock(&inner.state).teardown() {

@@ -1,0 +1,450 @@
+//! What the suite writes: every run as it ends (`runs.csv`), the medians per point
+//! (`summary.csv`), everything as JSON (`results.json`) and the tables a person reads
+//! (`summary.md`: normalized throughput per mode, and farmem against the best Linux swap).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::fs::File;
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+
+use super::super::median;
+use super::measure::Outcome;
+use super::mode::Mode;
+use super::workload::Workload;
+
+/// One run as measured.
+pub struct RunRecord {
+    pub workload: Workload,
+    pub mode: Mode,
+    /// Local memory, % of the native peak (100 for native runs).
+    pub local_pct: u32,
+    pub rep: usize,
+    pub outcome: Outcome,
+}
+
+impl RunRecord {
+    pub fn throughput(&self) -> Option<f64> {
+        match &self.outcome {
+            Outcome::Done(m) => Some(m.ops as f64 / m.secs),
+            _ => None,
+        }
+    }
+
+    pub fn status(&self) -> &'static str {
+        match self.outcome {
+            Outcome::Done(_) => "ok",
+            Outcome::OomKilled { .. } => "oom-killed",
+            Outcome::Failed(_) => "failed",
+        }
+    }
+
+    pub fn to_json(&self) -> Value {
+        let mut v = json!({
+            "workload": self.workload.name(),
+            "mode": self.mode.name(),
+            "local_pct": self.local_pct,
+            "rep": self.rep,
+            "status": self.status(),
+            "throughput": self.throughput(),
+        });
+        match &self.outcome {
+            Outcome::Done(m) => {
+                v["ops"] = json!(m.ops);
+                v["secs"] = json!(m.secs);
+                v["wall_s"] = json!(m.wall_s);
+                v["peak_rss_bytes"] = json!(m.peak_rss);
+                v["faults"] = json!(m.faults);
+                v["bytes_moved"] = json!(m.bytes_moved);
+                v["result"] = json!(m.result);
+                v["detail"] = m.detail.clone();
+            }
+            Outcome::OomKilled { wall_s } => v["wall_s"] = json!(wall_s),
+            Outcome::Failed(why) => v["error"] = json!(why),
+        }
+        v
+    }
+}
+
+/// `runs.csv`, a line written (and flushed) as each run ends, so an interrupted suite keeps
+/// what it measured.
+pub struct RunsCsv(File);
+
+impl RunsCsv {
+    pub fn create(path: &Path) -> Result<RunsCsv> {
+        let mut f = File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        writeln!(
+            f,
+            "workload,mode,local_pct,rep,status,ops,secs,throughput,wall_s,peak_rss_bytes,\
+             faults,bytes_moved"
+        )?;
+        Ok(RunsCsv(f))
+    }
+
+    pub fn append(&mut self, r: &RunRecord) -> Result<()> {
+        let (ops, secs, wall, rss, faults, bytes) = match &r.outcome {
+            Outcome::Done(m) => (
+                m.ops.to_string(),
+                format!("{:.6}", m.secs),
+                format!("{:.3}", m.wall_s),
+                m.peak_rss.to_string(),
+                m.faults.to_string(),
+                m.bytes_moved.to_string(),
+            ),
+            Outcome::OomKilled { wall_s } => (
+                String::new(),
+                String::new(),
+                format!("{wall_s:.3}"),
+                String::new(),
+                String::new(),
+                String::new(),
+            ),
+            Outcome::Failed(_) => Default::default(),
+        };
+        writeln!(
+            self.0,
+            "{},{},{},{},{},{ops},{secs},{},{wall},{rss},{faults},{bytes}",
+            r.workload,
+            r.mode,
+            r.local_pct,
+            r.rep,
+            r.status(),
+            r.throughput()
+                .map(|t| format!("{t:.1}"))
+                .unwrap_or_default(),
+        )?;
+        self.0.flush()?;
+        Ok(())
+    }
+}
+
+/// The median of the repeats at one (workload, mode, local %).
+#[derive(Clone, Debug)]
+pub struct Point {
+    pub workload: Workload,
+    pub mode: Mode,
+    pub local_pct: u32,
+    /// "ok" when every repeat ran; else why not (one failure or OOM kill marks the point).
+    pub status: &'static str,
+    pub throughput: Option<f64>,
+    /// Throughput over the native median.
+    pub normalized: Option<f64>,
+    pub wall_s: Option<f64>,
+    pub peak_rss: Option<f64>,
+    pub faults: Option<f64>,
+    pub bytes_moved: Option<f64>,
+    pub runs: usize,
+}
+
+/// Medians per point. The native point is repeated at every local % of the other modes'
+/// lines only in the plots; here it is one point at 100%.
+pub fn points(runs: &[RunRecord]) -> Vec<Point> {
+    let mut groups: BTreeMap<(Workload, Mode, u32), Vec<&RunRecord>> = BTreeMap::new();
+    for r in runs {
+        groups
+            .entry((r.workload, r.mode, r.local_pct))
+            .or_default()
+            .push(r);
+    }
+    let native: BTreeMap<Workload, f64> = groups
+        .iter()
+        .filter(|((_, m, _), _)| *m == Mode::Native)
+        .filter_map(|((w, _, _), rs)| Some((*w, med(rs, |r| r.throughput())?)))
+        .collect();
+    groups
+        .iter()
+        .map(|(&(workload, mode, local_pct), rs)| {
+            let status = rs
+                .iter()
+                .map(|r| r.status())
+                .find(|&s| s != "ok")
+                .unwrap_or("ok");
+            let done = |f: fn(&super::measure::Measured) -> f64| {
+                move |r: &RunRecord| match &r.outcome {
+                    Outcome::Done(m) => Some(f(m)),
+                    _ => None,
+                }
+            };
+            let throughput = med(rs, |r| r.throughput());
+            Point {
+                workload,
+                mode,
+                local_pct,
+                status,
+                throughput,
+                normalized: throughput.zip(native.get(&workload)).map(|(t, n)| t / n),
+                wall_s: med(rs, done(|m| m.wall_s)),
+                peak_rss: med(rs, done(|m| m.peak_rss as f64)),
+                faults: med(rs, done(|m| m.faults as f64)),
+                bytes_moved: med(rs, done(|m| m.bytes_moved as f64)),
+                runs: rs.len(),
+            }
+        })
+        .collect()
+}
+
+/// The median of `f` over the runs, None unless every run has it.
+fn med(rs: &[&RunRecord], f: impl Fn(&RunRecord) -> Option<f64>) -> Option<f64> {
+    let v: Option<Vec<f64>> = rs.iter().map(|r| f(r)).collect();
+    v.filter(|v| !v.is_empty()).map(median)
+}
+
+pub fn write_summary_csv(path: &Path, points: &[Point]) -> Result<()> {
+    let mut s = String::from(
+        "workload,mode,local_pct,status,throughput,normalized,wall_s,peak_rss_bytes,faults,\
+         bytes_moved,runs\n",
+    );
+    let f = |v: Option<f64>, prec: usize| v.map(|x| format!("{x:.prec$}")).unwrap_or_default();
+    for p in points {
+        let _ = writeln!(
+            s,
+            "{},{},{},{},{},{},{},{},{},{},{}",
+            p.workload,
+            p.mode,
+            p.local_pct,
+            p.status,
+            f(p.throughput, 1),
+            f(p.normalized, 4),
+            f(p.wall_s, 3),
+            f(p.peak_rss, 0),
+            f(p.faults, 0),
+            f(p.bytes_moved, 0),
+            p.runs
+        );
+    }
+    std::fs::write(path, s).with_context(|| format!("writing {}", path.display()))
+}
+
+pub fn point_json(p: &Point) -> Value {
+    json!({
+        "workload": p.workload.name(),
+        "mode": p.mode.name(),
+        "local_pct": p.local_pct,
+        "status": p.status,
+        "throughput": p.throughput,
+        "normalized": p.normalized,
+        "wall_s": p.wall_s,
+        "peak_rss_bytes": p.peak_rss,
+        "faults": p.faults,
+        "bytes_moved": p.bytes_moved,
+        "runs": p.runs,
+    })
+}
+
+/// The point of `mode` at `pct` (native: its one point, whatever `pct`).
+pub fn find(points: &[Point], w: Workload, mode: Mode, pct: u32) -> Option<&Point> {
+    points
+        .iter()
+        .find(|p| p.workload == w && p.mode == mode && (mode == Mode::Native || p.local_pct == pct))
+}
+
+/// A table cell: the normalized throughput, or why there is none.
+fn cell(p: Option<&Point>) -> String {
+    match p {
+        None => "–".into(),
+        Some(p) => match (p.status, p.normalized) {
+            ("ok", Some(n)) => format!("{n:.3}"),
+            ("oom-killed", _) => "OOM".into(),
+            _ => "failed".into(),
+        },
+    }
+}
+
+/// farmem mode ÷ the better Linux swap mode at the same point.
+fn ratio(points: &[Point], w: Workload, mode: Mode, pct: u32) -> String {
+    let thr = |m: Mode| {
+        find(points, w, m, pct)
+            .filter(|p| p.status == "ok")
+            .and_then(|p| p.throughput)
+    };
+    let Some(f) = thr(mode) else {
+        return "–".into();
+    };
+    let swaps: Vec<&Point> = [Mode::SwapZram, Mode::SwapFile]
+        .iter()
+        .filter_map(|&m| find(points, w, m, pct))
+        .collect();
+    let best = swaps
+        .iter()
+        .filter(|p| p.status == "ok")
+        .filter_map(|p| p.throughput)
+        .fold(None, |b: Option<f64>, t| Some(b.map_or(t, |b| b.max(t))));
+    match best {
+        Some(s) => format!("{:.2}×", f / s),
+        None if swaps.iter().any(|p| p.status == "oom-killed") => "∞ (swap OOM)".into(),
+        None => "–".into(),
+    }
+}
+
+/// The Markdown summary: one table of normalized throughput, one of farmem ÷ best swap.
+pub fn markdown(
+    header: &str,
+    workloads: &[(Workload, u64, u64)],
+    modes: &[Mode],
+    pcts: &[u32],
+    points: &[Point],
+) -> String {
+    let mut s = String::from(header);
+    let other: Vec<Mode> = modes
+        .iter()
+        .copied()
+        .filter(|&m| m != Mode::Native)
+        .collect();
+    let farmem: Vec<Mode> = modes.iter().copied().filter(|m| m.is_farmem()).collect();
+
+    s += "\n## Normalized throughput (1 = native; median of the repeats)\n\n";
+    s += "| workload | local |";
+    for m in &other {
+        let _ = write!(s, " {m} |");
+    }
+    s += "\n|---|---|";
+    s += &"---|".repeat(other.len());
+    s += "\n";
+    for &(w, _, _) in workloads {
+        for &pct in pcts {
+            let _ = write!(s, "| {w} | {pct}% |");
+            for &m in &other {
+                let c = if w.supports(m) {
+                    cell(find(points, w, m, pct))
+                } else {
+                    "n/a".into()
+                };
+                let _ = write!(s, " {c} |");
+            }
+            s += "\n";
+        }
+    }
+    if !farmem.is_empty() && modes.iter().any(|m| m.is_swap()) {
+        s += "\n## farmem ÷ Linux swap (throughput over the better of swap-zram and swap-file at the same point)\n\n";
+        s += "| workload | local |";
+        for m in &farmem {
+            let _ = write!(s, " {m} |");
+        }
+        s += "\n|---|---|";
+        s += &"---|".repeat(farmem.len());
+        s += "\n";
+        for &(w, _, _) in workloads {
+            for &pct in pcts {
+                let _ = write!(s, "| {w} | {pct}% |");
+                for &m in &farmem {
+                    let c = if w.supports(m) {
+                        ratio(points, w, m, pct)
+                    } else {
+                        "n/a".into()
+                    };
+                    let _ = write!(s, " {c} |");
+                }
+                s += "\n";
+            }
+        }
+    }
+    s += "\n## Native reference\n\n| workload | data | native peak RSS | native throughput |\n|---|---|---|---|\n";
+    for &(w, mib, peak) in workloads {
+        let t = find(points, w, Mode::Native, 100)
+            .and_then(|p| p.throughput)
+            .map(|t| format!("{} {}/s", si(t), w.unit()))
+            .unwrap_or_else(|| "–".into());
+        let _ = writeln!(s, "| {w} | {mib} MiB | {} MiB | {t} |", peak >> 20);
+    }
+    s
+}
+
+/// 1234567 -> "1.23 M"
+fn si(v: f64) -> String {
+    match v {
+        v if v >= 1e9 => format!("{:.2} G", v / 1e9),
+        v if v >= 1e6 => format!("{:.2} M", v / 1e6),
+        v if v >= 1e3 => format!("{:.2} k", v / 1e3),
+        v => format!("{v:.1}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::measure::Measured;
+    use super::*;
+
+    fn done(w: Workload, mode: Mode, pct: u32, rep: usize, ops: u64, secs: f64) -> RunRecord {
+        RunRecord {
+            workload: w,
+            mode,
+            local_pct: pct,
+            rep,
+            outcome: Outcome::Done(Measured {
+                result: "r".into(),
+                ops,
+                secs,
+                wall_s: secs,
+                peak_rss: 1 << 20,
+                faults: 10,
+                bytes_moved: 4096,
+                detail: Value::Null,
+            }),
+        }
+    }
+
+    #[test]
+    fn medians_are_normalized_to_native_and_failures_mark_their_point() {
+        let w = Workload::Kvs;
+        let mut runs = vec![
+            done(w, Mode::Native, 100, 0, 1000, 1.0),
+            done(w, Mode::Native, 100, 1, 1000, 2.0),
+            done(w, Mode::Native, 100, 2, 1000, 0.5),
+            done(w, Mode::Farmem, 50, 0, 1000, 2.0),
+            done(w, Mode::Farmem, 50, 1, 1000, 4.0),
+            done(w, Mode::Farmem, 50, 2, 1000, 8.0),
+            done(w, Mode::SwapZram, 50, 0, 1000, 10.0),
+            done(w, Mode::SwapFile, 50, 0, 1000, 20.0),
+        ];
+        runs.push(RunRecord {
+            workload: w,
+            mode: Mode::SwapFile,
+            local_pct: 50,
+            rep: 1,
+            outcome: Outcome::OomKilled { wall_s: 1.0 },
+        });
+        let pts = points(&runs);
+        let native = find(&pts, w, Mode::Native, 50).unwrap();
+        assert_eq!(native.throughput, Some(1000.0));
+        assert_eq!(native.normalized, Some(1.0));
+        let f = find(&pts, w, Mode::Farmem, 50).unwrap();
+        assert_eq!(f.throughput, Some(250.0));
+        assert_eq!(f.normalized, Some(0.25));
+        assert_eq!(f.status, "ok");
+        // One OOM kill among the repeats marks the point: no median of the survivors.
+        let sf = find(&pts, w, Mode::SwapFile, 50).unwrap();
+        assert_eq!((sf.status, sf.throughput), ("oom-killed", None));
+        // farmem ÷ the better swap mode that ran: swap-zram, 100/s.
+        assert_eq!(ratio(&pts, w, Mode::Farmem, 50), "2.50×");
+        let md = markdown(
+            "# t\n",
+            &[(w, 16, 1 << 24)],
+            &[Mode::Native, Mode::SwapZram, Mode::SwapFile, Mode::Farmem],
+            &[50],
+            &pts,
+        );
+        assert!(md.contains("| kvs | 50% | 0.100 | OOM | 0.250 |"), "{md}");
+        assert!(md.contains("| kvs | 50% | 2.50× |"), "{md}");
+    }
+
+    #[test]
+    fn swap_that_never_fits_makes_an_infinite_ratio() {
+        let w = Workload::Psort;
+        let runs = vec![
+            done(w, Mode::Native, 100, 0, 100, 1.0),
+            done(w, Mode::Farmem, 25, 0, 100, 4.0),
+            RunRecord {
+                workload: w,
+                mode: Mode::SwapZram,
+                local_pct: 25,
+                rep: 0,
+                outcome: Outcome::OomKilled { wall_s: 1.0 },
+            },
+        ];
+        let pts = points(&runs);
+        assert_eq!(ratio(&pts, w, Mode::Farmem, 25), "∞ (swap OOM)");
+    }
+}
