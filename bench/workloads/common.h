@@ -21,6 +21,7 @@
 
 #define PAGE 4096u
 #define MIB (1ull << 20)
+#define WORDS_PER_PAGE (PAGE / 8)
 
 /* ---- errors and arguments ---- */
 
@@ -248,6 +249,24 @@ static inline uint64_t zipf_next(const struct zipf *z, struct rng *r) {
         return z->n > 1 ? 1 : 0;
     uint64_t k = (uint64_t)((double)z->n * fm_pow(z->eta * u - z->eta + 1.0, z->alpha));
     return k < z->n ? k : z->n - 1;
+}
+
+/* ---- the scanned array of seqscan and randscan ---- */
+
+/* npages pages of u64 words, word i = mix64(i). */
+static inline uint64_t *page_array(struct big *mem, uint64_t npages) {
+    uint64_t *a = big_alloc(mem, npages * PAGE, "array");
+    for (uint64_t i = 0; i < npages * WORDS_PER_PAGE; i++)
+        a[i] = mix64(i);
+    return a;
+}
+
+/* The sum of a page's words: the scans process a page as a unit. */
+static inline uint64_t sum_page(const uint64_t *pg) {
+    uint64_t s = 0;
+    for (unsigned i = 0; i < WORDS_PER_PAGE; i++)
+        s += pg[i];
+    return s;
 }
 
 #endif /* FM_BENCH_COMMON_H */

@@ -11,14 +11,6 @@
 #include "farmem.h"
 
 #define PASSES 4
-#define WORDS_PER_PAGE (PAGE / 8)
-
-static uint64_t sum_page(const uint64_t *pg) {
-    uint64_t s = 0;
-    for (unsigned i = 0; i < WORDS_PER_PAGE; i++)
-        s += pg[i];
-    return s;
-}
 
 int main(int argc, char **argv) {
     uint64_t mib;
@@ -26,9 +18,7 @@ int main(int argc, char **argv) {
     uint64_t npages = mib * MIB / PAGE;
 
     struct big mem;
-    uint64_t *a = big_alloc(&mem, npages * PAGE, "array");
-    for (uint64_t i = 0; i < npages * WORDS_PER_PAGE; i++)
-        a[i] = mix64(i);
+    uint64_t *a = page_array(&mem, npages);
 
     uint64_t sum = 0, osum = 0;
     double t0 = now_secs();

@@ -269,13 +269,7 @@ impl Suite<'_> {
             peak: reference.map_or(0, |r| r.1),
             tag: format!("{w}-{mode}-{pct}-{rep}"),
         };
-        let mut outcome = self.runner.run(&job)?;
-        if let (Outcome::Done(m), Some((want, _))) = (&outcome, reference) {
-            if &m.result != want {
-                outcome =
-                    Outcome::Failed(format!("wrong result: {:?}, natively {want:?}", m.result));
-            }
-        }
+        let outcome = checked(self.runner.run(&job)?, reference.map(|r| r.0.as_str()));
         let how = match &outcome {
             Outcome::Done(m) => format!(
                 "{:.2} s, {:.0} {}/s, peak RSS {} MiB, {} faults, {} MiB moved",
@@ -304,6 +298,16 @@ impl Suite<'_> {
         };
         self.runs.push(rec);
         Ok(done)
+    }
+}
+
+/// A run that printed another result than the native one failed, however fast it was.
+fn checked(outcome: Outcome, native: Option<&str>) -> Outcome {
+    match (&outcome, native) {
+        (Outcome::Done(m), Some(want)) if m.result != want => {
+            Outcome::Failed(format!("wrong result: {:?}, natively {want:?}", m.result))
+        }
+        _ => outcome,
     }
 }
 
@@ -450,4 +454,34 @@ fn machine() -> serde_json::Value {
         "farmem": farmem,
         "summary": format!("Linux {kernel}, {cpus} CPUs ({model}), {} GiB RAM", mem_kib >> 20),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn done(result: &str) -> Outcome {
+        Outcome::Done(measure::Measured {
+            result: result.into(),
+            ops: 1,
+            secs: 1.0,
+            wall_s: 1.0,
+            peak_rss: 1,
+            faults: 0,
+            bytes_moved: 0,
+            detail: json!({}),
+        })
+    }
+
+    #[test]
+    fn a_result_unlike_the_native_one_fails_the_run() {
+        assert!(matches!(checked(done("a"), Some("a")), Outcome::Done(_)));
+        assert!(matches!(checked(done("a"), None), Outcome::Done(_)));
+        match checked(done("b"), Some("a")) {
+            Outcome::Failed(why) => assert!(why.contains("wrong result"), "{why}"),
+            o => panic!("{o:?}"),
+        }
+        let oom = checked(Outcome::OomKilled { wall_s: 1.0 }, Some("a"));
+        assert!(matches!(oom, Outcome::OomKilled { .. }));
+    }
 }

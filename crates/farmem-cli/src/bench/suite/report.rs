@@ -295,51 +295,23 @@ pub fn markdown(
         .collect();
     let farmem: Vec<Mode> = modes.iter().copied().filter(|m| m.is_farmem()).collect();
 
-    s += "\n## Normalized throughput (1 = native; median of the repeats)\n\n";
-    s += "| workload | local |";
-    for m in &other {
-        let _ = write!(s, " {m} |");
-    }
-    s += "\n|---|---|";
-    s += &"---|".repeat(other.len());
-    s += "\n";
-    for &(w, _, _) in workloads {
-        for &pct in pcts {
-            let _ = write!(s, "| {w} | {pct}% |");
-            for &m in &other {
-                let c = if w.supports(m) {
-                    cell(find(points, w, m, pct))
-                } else {
-                    "n/a".into()
-                };
-                let _ = write!(s, " {c} |");
-            }
-            s += "\n";
-        }
-    }
+    table(
+        &mut s,
+        "Normalized throughput (1 = native; median of the repeats)",
+        workloads,
+        pcts,
+        &other,
+        |w, m, pct| cell(find(points, w, m, pct)),
+    );
     if !farmem.is_empty() && modes.iter().any(|m| m.is_swap()) {
-        s += "\n## farmem ÷ Linux swap (throughput over the better of swap-zram and swap-file at the same point)\n\n";
-        s += "| workload | local |";
-        for m in &farmem {
-            let _ = write!(s, " {m} |");
-        }
-        s += "\n|---|---|";
-        s += &"---|".repeat(farmem.len());
-        s += "\n";
-        for &(w, _, _) in workloads {
-            for &pct in pcts {
-                let _ = write!(s, "| {w} | {pct}% |");
-                for &m in &farmem {
-                    let c = if w.supports(m) {
-                        ratio(points, w, m, pct)
-                    } else {
-                        "n/a".into()
-                    };
-                    let _ = write!(s, " {c} |");
-                }
-                s += "\n";
-            }
-        }
+        table(
+            &mut s,
+            "farmem ÷ Linux swap (throughput over the better of swap-zram and swap-file at the same point)",
+            workloads,
+            pcts,
+            &farmem,
+            |w, m, pct| ratio(points, w, m, pct),
+        );
     }
     s += "\n## Native reference\n\n| workload | data | native peak RSS | native throughput |\n|---|---|---|---|\n";
     for &(w, mib, peak) in workloads {
@@ -350,6 +322,37 @@ pub fn markdown(
         let _ = writeln!(s, "| {w} | {mib} MiB | {} MiB | {t} |", peak >> 20);
     }
     s
+}
+
+/// A table with a row per (workload, local %) and a column per mode; `n/a` where the
+/// workload does not run in the mode.
+fn table(
+    s: &mut String,
+    title: &str,
+    workloads: &[(Workload, u64, u64)],
+    pcts: &[u32],
+    modes: &[Mode],
+    cell: impl Fn(Workload, Mode, u32) -> String,
+) {
+    let _ = write!(s, "\n## {title}\n\n| workload | local |");
+    for m in modes {
+        let _ = write!(s, " {m} |");
+    }
+    let _ = writeln!(s, "\n|---|---|{}", "---|".repeat(modes.len()));
+    for &(w, _, _) in workloads {
+        for &pct in pcts {
+            let _ = write!(s, "| {w} | {pct}% |");
+            for &m in modes {
+                let c = if w.supports(m) {
+                    cell(w, m, pct)
+                } else {
+                    "n/a".into()
+                };
+                let _ = write!(s, " {c} |");
+            }
+            s.push('\n');
+        }
+    }
 }
 
 /// 1234567 -> "1.23 M"
