@@ -364,7 +364,7 @@ fn write_results(a: &Args, s: &Suite, points: &[Point], took: Duration) -> Resul
 
 /// The plots; says which were drawn.
 fn draw(a: &Args, sizes: &[(Workload, u64, u64)], points: &[Point]) -> Result<String> {
-    let png_ok = plot::find_font().is_some();
+    let png_ok = plot::font_ready();
     if !png_ok {
         eprintln!(
             "no TrueType font found (install fonts-dejavu-core): drawing SVG plots only, no PNG"

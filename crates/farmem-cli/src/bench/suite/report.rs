@@ -389,10 +389,20 @@ mod tests {
         }
     }
 
+    fn oom(w: Workload, mode: Mode, pct: u32, rep: usize) -> RunRecord {
+        RunRecord {
+            workload: w,
+            mode,
+            local_pct: pct,
+            rep,
+            outcome: Outcome::OomKilled { wall_s: 1.0 },
+        }
+    }
+
     #[test]
     fn medians_are_normalized_to_native_and_failures_mark_their_point() {
         let w = Workload::Kvs;
-        let mut runs = vec![
+        let runs = vec![
             done(w, Mode::Native, 100, 0, 1000, 1.0),
             done(w, Mode::Native, 100, 1, 1000, 2.0),
             done(w, Mode::Native, 100, 2, 1000, 0.5),
@@ -401,14 +411,8 @@ mod tests {
             done(w, Mode::Farmem, 50, 2, 1000, 8.0),
             done(w, Mode::SwapZram, 50, 0, 1000, 10.0),
             done(w, Mode::SwapFile, 50, 0, 1000, 20.0),
+            oom(w, Mode::SwapFile, 50, 1),
         ];
-        runs.push(RunRecord {
-            workload: w,
-            mode: Mode::SwapFile,
-            local_pct: 50,
-            rep: 1,
-            outcome: Outcome::OomKilled { wall_s: 1.0 },
-        });
         let pts = points(&runs);
         let native = find(&pts, w, Mode::Native, 50).unwrap();
         assert_eq!(native.throughput, Some(1000.0));
@@ -439,13 +443,7 @@ mod tests {
         let runs = vec![
             done(w, Mode::Native, 100, 0, 100, 1.0),
             done(w, Mode::Farmem, 25, 0, 100, 4.0),
-            RunRecord {
-                workload: w,
-                mode: Mode::SwapZram,
-                local_pct: 25,
-                rep: 0,
-                outcome: Outcome::OomKilled { wall_s: 1.0 },
-            },
+            oom(w, Mode::SwapZram, 25, 0),
         ];
         let pts = points(&runs);
         assert_eq!(ratio(&pts, w, Mode::Farmem, 25), "∞ (swap OOM)");

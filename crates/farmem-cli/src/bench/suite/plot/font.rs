@@ -80,9 +80,10 @@ pub(super) fn style_penalty(path: &Path) -> usize {
     UNWANTED.iter().filter(|w| name.contains(*w)).count() * 2 + not_sans
 }
 
-/// Registers the system font with plotters on first use. plotters keeps fonts in a global table
-/// and wants `'static` bytes, so the font is leaked once per process (a few hundred KiB).
-pub(super) fn font_ready() -> bool {
+/// Registers the system font with plotters on first use; whether there is one (PNGs need it).
+/// plotters keeps fonts in a global table and wants `'static` bytes, so the font is leaked
+/// once per process (a few hundred KiB).
+pub fn font_ready() -> bool {
     static READY: OnceLock<bool> = OnceLock::new();
     *READY.get_or_init(|| {
         find_font().is_some_and(|bytes| {

@@ -26,8 +26,8 @@ use chart::{
     draw_chart, draw_heading, heading_height, text_style, AxisDesc, PAD, PANEL_SCALE,
     SUBTITLE_FONT, WORKLOAD_SCALE,
 };
-pub use font::find_font;
-use font::{fit_font, font_ready};
+use font::fit_font;
+pub use font::font_ready;
 use legend::{legend_items, Legend};
 use style::{clean, Line, Palette, SUBTLE_TEXT, TEXT};
 

@@ -1,5 +1,5 @@
 use super::chart::{axes, format_y, x_ticks, STANDARD_X_TICKS, TITLE_FONT, X_DESC, Y_DESC};
-use super::font::{style_penalty, text_width};
+use super::font::{find_font, style_penalty, text_width};
 use super::legend::{LegendItem, Swatch, DNF_LABEL};
 use super::style::{known_style, FALLBACK_COLORS, KNOWN_MODES};
 use super::*;
