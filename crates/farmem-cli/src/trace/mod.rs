@@ -14,6 +14,7 @@
 //! graphs, folded stacks, JSON, and a suggested hint per site. Hinted accesses do not fault,
 //! so on a program with hints the report shows what is left to hint.
 
+mod copier;
 mod flame;
 #[allow(dead_code)]
 pub mod modules;
@@ -29,12 +30,13 @@ use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use farmem::fault_log::{FaultKind, FaultRecord};
 
 use crate::run;
+use copier::Copier;
 use modules::{Module, ModuleMap};
 use record::{Event, Recorder};
 use unwind::Unwinder;
@@ -77,8 +79,17 @@ pub struct Args {
     cmd: Vec<OsString>,
 }
 
-/// Ring buffer per CPU, in pages (16 MiB: about two thousand samples of 8 KiB of stack).
-const RING_PAGES: usize = 4096;
+/// Ring buffer per CPU, in pages: 256 MiB shared by the CPUs, between 16 and 64 MiB each
+/// (two to eight thousand samples of 8 KiB of stack; a program taking zero-fill faults
+/// fills 16 MiB in about ten milliseconds). The kernel pins these pages while tracing.
+fn ring_pages() -> usize {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let pages = ((256usize << 20) / cpus).clamp(16 << 20, 64 << 20) / 4096;
+    1 << (usize::BITS - 1 - pages.leading_zeros()) // a power of two, rounded down
+}
+
+/// Niceness of the thread that parses and unwinds the samples while the program runs.
+const PARSER_NICE: libc::c_int = 10;
 
 /// A sample after unwinding: where the fault happened and by which path.
 struct Sampled {
@@ -142,7 +153,7 @@ pub fn run(a: Args) -> Result<()> {
             .read_exact(&mut b)
             .context("the program did not start")?;
         let pid = i32::from_le_bytes(b);
-        let r = Recorder::open(pid, period, stack_bytes, RING_PAGES);
+        let r = Recorder::open(pid, period, stack_bytes, ring_pages());
         let _ = go.write_all(&[r.is_err() as u8]);
         r.map_err(|e| {
             anyhow::anyhow!(
@@ -184,7 +195,7 @@ pub fn run(a: Args) -> Result<()> {
 fn finish(
     a: Args,
     pid: i32,
-    mut rec: Recorder,
+    rec: Recorder,
     work: &std::path::Path,
     t0: Instant,
     local: Option<u64>,
@@ -219,16 +230,29 @@ fn finish(
             });
         }
     };
+    // One thread copies the rings out as fast as the program fills them; this one parses
+    // and unwinds, which is much slower (a few microseconds a sample) and may fall behind
+    // for a while without the kernel dropping samples.
+    let copier = Copier::start(rec);
+    // The parser yields to the copier and to the program: both would be delayed by it.
+    // SAFETY: setpriority on this thread only (gettid); failure leaves it at its priority.
+    unsafe {
+        libc::setpriority(
+            libc::PRIO_PROCESS,
+            libc::gettid() as libc::id_t,
+            PARSER_NICE,
+        );
+    }
     let (status, rusage) = loop {
-        rec.wait(5);
-        rec.drain(|ev| take(ev, &mut maps));
+        copier.take_for(Duration::from_millis(5), |buf| {
+            record::parse_records(buf, |ev| take(ev, &mut maps))
+        });
         if let Some(ended) = run::try_wait_with_rusage(pid)? {
             break ended;
         }
     };
-    rec.drain(|ev| take(ev, &mut maps));
+    copier.finish(|buf| record::parse_records(buf, |ev| take(ev, &mut maps)));
     let wall = t0.elapsed();
-    drop(rec);
 
     let records = read_fault_logs(work);
     let ended = run::Ended {
@@ -262,7 +286,7 @@ fn finish(
             String::new()
         }
     );
-    let rep = report::Report::build(&faults, &records, &maps, a.sample_rate, a.top);
+    let rep = report::Report::build(&faults, &records, &maps, a.sample_rate, lost, a.top);
     rep.write(&a.out)?;
     print!("{}", rep.text);
     if !status.success() {

@@ -227,6 +227,7 @@ impl Report {
         records: &[FaultRecord],
         maps: &Maps,
         sample_rate: u64,
+        lost: u64,
         top: usize,
     ) -> Report {
         let mut sym = Symbolizer::new();
@@ -344,6 +345,13 @@ impl Report {
             kinds[3],
             faults.len()
         );
+        if lost > 0 {
+            let _ = writeln!(
+                text,
+                "warning: {lost} samples lost (the program faulted faster than they were read): \
+                 the fastest bursts of faults are under-counted; --sample-rate 10 keeps up"
+            );
+        }
         let _ = writeln!(
             text,
             "{} site(s) cover {:.0}% of the faults at the faulting line; {} in the program's own code",
@@ -413,6 +421,7 @@ impl Report {
             "by_kind": {"zero_fill": kinds[0], "fetch": kinds[1], "write_protect": kinds[2], "resolved": kinds[3]},
             "sample_rate": sample_rate,
             "sampled_far_faults": faults.len(),
+            "samples_lost": lost,
             "cover_share": COVER,
             "sites_covering": {"innermost": n_inner, "own_code": n_own},
             "sites_innermost": rows_json(&inner),

@@ -1,0 +1,134 @@
+//! The thread that empties the perf rings into memory while the program runs.
+//!
+//! Parsing and unwinding a sample takes microseconds; a program taking zero-fill faults
+//! writes samples faster than that. If the thread that unwinds also read the rings, a burst
+//! of faults (or a moment without a CPU) would overflow them and the kernel would drop
+//! samples, which skews the shares towards the slower sites. So one thread only copies
+//! records out, at real-time priority where allowed, and hands them over in chunks.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use super::record::Recorder;
+
+/// The thread that empties the rings into memory, ahead of the parsing.
+pub struct Copier {
+    chunks: mpsc::Receiver<Vec<u8>>,
+    /// Bytes copied out and not parsed yet.
+    backlog: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Most bytes of records held between the copier and the parser: past it the copier waits,
+/// the rings fill and the kernel drops samples (and says how many), instead of the trace
+/// taking the machine's memory. Up to a hundred thousand samples of 8 KiB of stack.
+fn backlog_limit() -> usize {
+    let avail = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+        })
+        .map_or(usize::MAX, |kib| kib * 1024 / 4);
+    avail.clamp(64 << 20, 1 << 30)
+}
+
+impl Copier {
+    pub fn start(rec: Recorder) -> Copier {
+        let (tx, chunks) = mpsc::channel();
+        let backlog = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (b, s) = (backlog.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            realtime_if_allowed();
+            Self::copy(rec, tx, &b, &s, backlog_limit());
+        });
+        Copier {
+            chunks,
+            backlog,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// The copier's loop: until `stop`, copy the rings out whenever they have data and the
+    /// backlog is under `limit`. Returning drops the recorder, which closes the events.
+    fn copy(
+        mut rec: Recorder,
+        tx: mpsc::Sender<Vec<u8>>,
+        backlog: &AtomicUsize,
+        stop: &AtomicBool,
+        limit: usize,
+    ) {
+        loop {
+            // The last pass, after the program ended, takes everything regardless of the
+            // backlog: nothing more will come.
+            let last = stop.load(Ordering::Acquire);
+            if !last {
+                rec.wait(5);
+            }
+            if last || backlog.load(Ordering::Relaxed) < limit {
+                let mut buf = Vec::new();
+                if rec.copy_out(&mut buf) > 0 {
+                    backlog.fetch_add(buf.len(), Ordering::Relaxed);
+                    if tx.send(buf).is_err() {
+                        return;
+                    }
+                }
+            } else {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if last {
+                return;
+            }
+        }
+    }
+
+    /// Parse what the copier has delivered with `f`, for up to about `wait`.
+    pub fn take_for(&self, wait: Duration, mut f: impl FnMut(&[u8])) {
+        let deadline = Instant::now() + wait;
+        while let Ok(buf) = self
+            .chunks
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            f(&buf);
+            self.backlog.fetch_sub(buf.len(), Ordering::Relaxed);
+        }
+    }
+
+    /// After the program ended: copy out what is left, and parse everything with `f`.
+    pub fn finish(mut self, mut f: impl FnMut(&[u8])) {
+        self.stop.store(true, Ordering::Release);
+        for buf in &self.chunks {
+            f(&buf);
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Copier {
+    /// On an early return, the copier closes the events and ends.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+/// Run this thread at the lowest real-time priority if allowed (root): the copier then
+/// runs as soon as it wakes, whatever else the machine does, and the rings never overflow
+/// while it waits for a CPU. It only copies and sleeps, so it cannot starve anything.
+fn realtime_if_allowed() {
+    let param = libc::sched_param { sched_priority: 1 };
+    // SAFETY: changes this thread's scheduling class; `param` is valid for the call.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+    if rc != 0 {
+        tracing::debug!(
+            "trace copier stays at normal priority: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
