@@ -119,8 +119,26 @@ pub(crate) fn unmap(inner: &Inner, info: &RegionInfo) {
     // Take every page's lock and keep it until the metadata is cleared: an evictor that took
     // a page from the policy just before it forgot the region can then neither evict it after
     // we counted it (which would return its budget twice) nor find it half torn down.
-    let mut present = 0usize;
+    //
+    // First the pages nobody holds. A holder may be waiting for budget before it lets go (a
+    // late fetch into this region: a stolen fault retried after its thread moved on), and
+    // none of this region's pages can be evicted any more to make room: so the budget of the
+    // pages locked so far is returned before waiting for the others, or both would wait for
+    // ever. Locked by us, those pages cannot be evicted (and counted) by anyone else.
+    let (mut present, mut held) = (0usize, Vec::new());
     for vpn in info.first_vpn()..info.end_vpn() {
+        match page_table::try_lock(page_table::entry(vpn), 0) {
+            Ok(old) if old & ABSENT == 0 => present += 1,
+            Ok(_) => {}
+            Err(cur) if cur & LOCKED != 0 => held.push(vpn),
+            Err(_) => {} // not registered (cannot happen for a live region)
+        }
+    }
+    if !held.is_empty() {
+        inner.resident.fetch_sub(present, Ordering::Relaxed);
+        present = 0;
+    }
+    for vpn in held {
         let w = page_table::entry(vpn);
         loop {
             match page_table::try_lock(w, 0) {
@@ -131,7 +149,7 @@ pub(crate) fn unmap(inner: &Inner, info: &RegionInfo) {
                     break;
                 }
                 Err(cur) if cur & LOCKED != 0 => page_table::wait_unlocked(w, 1000),
-                Err(_) => break, // not registered (cannot happen for a live region)
+                Err(_) => break,
             }
         }
     }
@@ -234,5 +252,79 @@ impl std::fmt::Debug for Region {
             .field("base", &format_args!("{:#x}", self.info.base))
             .field("len", &self.len())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::Config;
+
+    /// A thread that holds a page of a region locked and waits for budget (a late fetch: a
+    /// stolen fault retried after its thread moved on) while the region is dropped, with the
+    /// budget full of that region's pages. Dropping took them out of the policy, so nothing
+    /// can be evicted for the fetch; the fetch holds a page the drop waits for. The drop must
+    /// return the budget of the pages it has before waiting (it hung; seen under load in the
+    /// region-churn test, with the control thread stuck in `reserve`).
+    #[test]
+    fn a_fetch_waiting_for_budget_does_not_hang_dropping_its_region() {
+        let rt = Runtime::new(Config {
+            local_mem: 256 * PAGE_SIZE as u64,
+            ..Config::default()
+        })
+        .expect("a runtime (needs userfaultfd)");
+        let inner = rt.inner().clone();
+        let pages = 1024;
+        let r = rt.create_region(pages * PAGE_SIZE).unwrap();
+        for p in 0..pages {
+            // SAFETY: inside the region.
+            unsafe {
+                r.as_mut_ptr()
+                    .add(p * PAGE_SIZE)
+                    .write_volatile(p as u8 | 1)
+            };
+        }
+        let vpn = (0..pages)
+            .find(|&p| !r.is_resident(p * PAGE_SIZE))
+            .map(|p| (r.as_ptr() as usize >> PAGE_SHIFT) + p)
+            .expect("an evicted page");
+        let old = crate::fetch::lock_absent(vpn, 7).expect("lock an absent page");
+        // The late fetch will want more pages than are free (settled: nothing runs now).
+        std::thread::sleep(Duration::from_millis(50));
+        let want = inner.free_pages() + 1;
+        assert!(want <= inner.budget);
+
+        let (done_tx, done) = mpsc::channel();
+        let dropper = std::thread::spawn(move || {
+            drop(r);
+            let _ = done_tx.send(());
+        });
+        // Once the drop has taken the region out of the policy, nothing is evictable.
+        while !inner.policy().is_empty() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // The late fetch, with the page still locked.
+        let (got_tx, got) = mpsc::channel();
+        let fetcher = {
+            let inner = inner.clone();
+            std::thread::spawn(move || {
+                crate::reclaim::reserve(&inner, want);
+                // Give the reservation back and let go of the page, still absent.
+                inner.resident.fetch_sub(want, Ordering::Relaxed);
+                page_table::unlock(page_table::entry(vpn), old);
+                let _ = got_tx.send(());
+            })
+        };
+        // Generous limits: a deadlock never ends, the fixed path takes milliseconds.
+        got.recv_timeout(Duration::from_secs(60))
+            .expect("the fetch never got its budget: the drop kept it");
+        done.recv_timeout(Duration::from_secs(60))
+            .expect("dropping the region never finished");
+        fetcher.join().unwrap();
+        dropper.join().unwrap();
+        assert_eq!(inner.resident.load(Ordering::Relaxed), 0);
     }
 }

@@ -1,7 +1,7 @@
 //! Read-ahead in flight (sequential hints keep windows fetched asynchronously ahead): under
 //! heavy eviction, with scanners whose windows overlap and unhinted readers touching pages
 //! whose window is still in flight, every page reads back right; windows nobody comes back
-//! for are completed by the control thread; a region dropped with windows in flight goes
+//! for are completed without anyone touching them; a region dropped with windows in flight goes
 //! cleanly and returns its budget.
 
 mod common;
@@ -46,8 +46,8 @@ fn abandoned_windows_are_completed_and_dropping_a_region_mid_scan_is_clean() {
         }
     }
     let end = stop.expect("read-ahead windows went in flight during the scan") + 1;
-    let swept_before = rt.stats().prefetch_swept;
-    // Nobody comes back: the control thread installs them.
+    // Nobody comes back: the control thread's sweep installs them, or the fault thread when
+    // it next wakes (it installs whatever has arrived); which one depends on timing.
     let mut s = rt.stats();
     for _ in 0..1000 {
         if s.prefetch_inflight == 0 {
@@ -59,10 +59,6 @@ fn abandoned_windows_are_completed_and_dropping_a_region_mid_scan_is_clean() {
     assert_eq!(
         s.prefetch_inflight, 0,
         "abandoned windows were completed: {s}"
-    );
-    assert!(
-        s.prefetch_swept > swept_before,
-        "by the control thread: {s}"
     );
     // The pages just past the scan were read ahead and are now resident.
     settle(&r, end..end + 8);
