@@ -1,6 +1,7 @@
 //! `farmem bench suite` end to end on tiny sizes: every workload in every mode at one point,
 //! results checked against native, every output file written; the Linux-swap baselines it
-//! sets up are gone afterwards, also when it is interrupted with Ctrl-C mid-run.
+//! sets up are gone afterwards, also when it is interrupted with Ctrl-C mid-run; what an
+//! interrupted suite measured still makes a report (`--report-only`).
 
 mod run_support;
 
@@ -244,7 +245,27 @@ fn ctrl_c_during_a_swap_run_removes_the_baseline() {
     assert!(cgroups_of(pid).is_empty(), "{:?}", cgroups_of(pid));
     assert_eq!(swaps(), swaps_before);
     assert!(!swap_file.exists());
-    // What was measured before the interruption is on disk.
+    // What was measured before the interruption is on disk, and makes a report.
     let runs = std::fs::read_to_string(out.path("runs.csv")).unwrap();
     assert!(runs.starts_with("workload,mode,"), "{runs}");
+    let again = Command::new(farmem_bin())
+        .args([
+            "bench",
+            "suite",
+            "--report-only",
+            "--scale",
+            "0.05",
+            "--out",
+        ])
+        .arg(out.dir())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(again.status.success(), "--report-only: {stderr}\n{runs}");
+    let md = std::fs::read_to_string(out.path("summary.md")).unwrap();
+    assert!(md.contains("| seqscan | 51 MiB |"), "{md}");
+    let svg = std::fs::read_to_string(out.path("seqscan.svg")).unwrap();
+    roxmltree::Document::parse(&svg).expect("seqscan.svg is well-formed");
+    // Nothing ran: no cgroup, no swap.
+    assert_eq!(swaps(), swaps_before);
 }

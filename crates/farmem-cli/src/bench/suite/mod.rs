@@ -76,9 +76,17 @@ pub struct Args {
     /// A run taking longer than this many seconds is killed and counted as failed.
     #[arg(long, default_value_t = 1200)]
     timeout: u64,
+    /// Run nothing: write the tables, JSON and plots again from the runs.csv in --out (of a
+    /// suite that finished, or was interrupted). The workloads, modes, points and repeats
+    /// are those in the file; give the --scale it ran with, for the data sizes in the titles.
+    #[arg(long)]
+    report_only: bool,
 }
 
 pub fn run(mut a: Args) -> Result<()> {
+    if a.report_only {
+        return report_again(a);
+    }
     check(&mut a)?;
     std::fs::create_dir_all(a.out.join("logs"))
         .with_context(|| format!("creating {}", a.out.display()))?;
@@ -130,7 +138,15 @@ pub fn run(mut a: Args) -> Result<()> {
         })
         .collect();
     let points = report::points(&suite.runs);
-    write_results(&a, &suite, &points, started.elapsed())?;
+    let took = started.elapsed();
+    write_results(
+        &a,
+        &suite.runs,
+        &suite.sizes,
+        &points,
+        machine(),
+        Some(took),
+    )?;
     if !failed.is_empty() {
         bail!(
             "{} run(s) failed (results are in {} all the same):\n  {}",
@@ -140,6 +156,76 @@ pub fn run(mut a: Args) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `--report-only`: the report of the runs in `--out`/runs.csv, as the suite that made them
+/// would have written it.
+fn report_again(mut a: Args) -> Result<()> {
+    if !(a.scale > 0.0 && a.scale.is_finite()) {
+        bail!("--scale must be a positive number");
+    }
+    let runs = report::read_runs_csv(&a.out.join("runs.csv"))?;
+    if runs.is_empty() {
+        bail!("{} has no runs to report", a.out.join("runs.csv").display());
+    }
+    a.workloads = Vec::new();
+    for r in &runs {
+        if !a.workloads.contains(&r.workload) {
+            a.workloads.push(r.workload);
+        }
+    }
+    a.modes = runs.iter().map(|r| r.mode).collect();
+    a.modes.push(Mode::Native);
+    a.modes.sort();
+    a.modes.dedup();
+    a.local = runs
+        .iter()
+        .filter(|r| r.mode != Mode::Native)
+        .map(|r| r.local_pct)
+        .collect();
+    a.local.sort_unstable_by(|x, y| y.cmp(x));
+    a.local.dedup();
+    if a.local.is_empty() {
+        a.local.push(100);
+    }
+    a.repeat = runs.iter().map(|r| r.rep + 1).max().unwrap_or(1);
+    // As the suite sizes them: by the first native run that succeeded.
+    let sizes: Vec<(Workload, u64, u64)> = a
+        .workloads
+        .iter()
+        .filter_map(|&w| {
+            let peak = runs.iter().find_map(|r| match &r.outcome {
+                Outcome::Done(m) if r.workload == w && r.mode == Mode::Native => Some(m.peak_rss),
+                _ => None,
+            })?;
+            Some((w, data_mib(w, a.scale), peak))
+        })
+        .collect();
+    eprintln!(
+        "{} runs read from {}",
+        runs.len(),
+        a.out.join("runs.csv").display()
+    );
+    let points = report::points(&runs);
+    // The machine the runs were made on, if the suite got as far as saying it.
+    let earlier = std::fs::read_to_string(a.out.join("results.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .map(|j| j["machine"].clone())
+        .filter(|m| m.is_object());
+    write_results(
+        &a,
+        &runs,
+        &sizes,
+        &points,
+        earlier.unwrap_or_else(machine),
+        None,
+    )
+}
+
+/// Data size of workload `w` at `--scale`, in MiB.
+fn data_mib(w: Workload, scale: f64) -> u64 {
+    ((w.default_mib() as f64 * scale).round() as u64).max(8)
 }
 
 fn check(a: &mut Args) -> Result<()> {
@@ -200,7 +286,7 @@ impl Suite<'_> {
     /// others, its result is the reference), then each point with the modes interleaved
     /// within each repeat, so slow drift of the machine affects them alike.
     fn workload(&mut self, w: Workload) -> Result<()> {
-        let mib = ((w.default_mib() as f64 * self.a.scale).round() as u64).max(8);
+        let mib = data_mib(w, self.a.scale);
         let mut reference: Option<(String, u64)> = None;
         for rep in 0..self.a.repeat {
             let m = self.one(w, Mode::Native, mib, 100, 0, rep, reference.as_ref())?;
@@ -311,10 +397,17 @@ fn checked(outcome: Outcome, native: Option<&str>) -> Outcome {
     }
 }
 
-fn write_results(a: &Args, s: &Suite, points: &[Point], took: Duration) -> Result<()> {
+/// Everything but runs.csv. `took` is the suite's time, unknown when reporting again.
+fn write_results(
+    a: &Args,
+    runs: &[RunRecord],
+    sizes: &[(Workload, u64, u64)],
+    points: &[Point],
+    machine: serde_json::Value,
+    took: Option<Duration>,
+) -> Result<()> {
     let out = &a.out;
     report::write_summary_csv(&out.join("summary.csv"), points)?;
-    let machine = machine();
     let config = json!({
         "workloads": a.workloads.iter().map(|w| w.name()).collect::<Vec<_>>(),
         "modes": a.modes.iter().map(|m| m.name()).collect::<Vec<_>>(),
@@ -322,37 +415,37 @@ fn write_results(a: &Args, s: &Suite, points: &[Point], took: Duration) -> Resul
         "repeat": a.repeat,
         "scale": a.scale,
         "process_allowance_bytes": measure::PROCESS_ALLOWANCE,
-        "took_s": took.as_secs_f64(),
+        "took_s": took.map(|t| t.as_secs_f64()),
     });
-    let sizes: Vec<_> = s
-        .sizes
+    let sizes_json: Vec<_> = sizes
         .iter()
         .map(|&(w, mib, peak)| json!({"workload": w.name(), "data_mib": mib, "native_peak_rss_bytes": peak, "unit": w.unit()}))
         .collect();
     let j = json!({
         "machine": machine,
         "config": config,
-        "workloads": sizes,
+        "workloads": sizes_json,
         "points": points.iter().map(report::point_json).collect::<Vec<_>>(),
-        "runs": s.runs.iter().map(RunRecord::to_json).collect::<Vec<_>>(),
+        "runs": runs.iter().map(RunRecord::to_json).collect::<Vec<_>>(),
     });
     let results = out.join("results.json");
     std::fs::write(&results, serde_json::to_string_pretty(&j)? + "\n")
         .with_context(|| format!("writing {}", results.display()))?;
 
     let header = format!(
-        "# farmem bench suite\n\n{} · {} · {} runs in {} · {} repeat(s) per point, medians · \
+        "# farmem bench suite\n\n{} · {} · {} runs{} · {} repeat(s) per point, medians · \
          local memory in % of each workload's native peak\n",
         machine["summary"].as_str().unwrap_or(""),
         machine["farmem"].as_str().unwrap_or(""),
-        s.runs.len(),
-        progress::clock(took),
+        runs.len(),
+        took.map(|t| format!(" in {}", progress::clock(t)))
+            .unwrap_or_default(),
         a.repeat
     );
-    let md = report::markdown(&header, &s.sizes, &a.modes, &a.local, points);
+    let md = report::markdown(&header, sizes, &a.modes, &a.local, points);
     std::fs::write(out.join("summary.md"), &md)
         .with_context(|| format!("writing {}", out.join("summary.md").display()))?;
-    let drawn = draw(a, &s.sizes, points)?;
+    let drawn = draw(a, sizes, points)?;
     println!("{md}");
     println!(
         "Results in {}: runs.csv, summary.csv, results.json, summary.md{}",

@@ -8,15 +8,16 @@ use std::fs::File;
 use std::io::Write;
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 
 use super::super::median;
-use super::measure::Outcome;
+use super::measure::{Measured, Outcome};
 use super::mode::Mode;
 use super::workload::Workload;
 
 /// One run as measured.
+#[derive(Debug)]
 pub struct RunRecord {
     pub workload: Workload,
     pub mode: Mode,
@@ -69,6 +70,9 @@ impl RunRecord {
     }
 }
 
+const RUNS_HEADER: &str = "workload,mode,local_pct,rep,status,ops,secs,throughput,wall_s,\
+                           peak_rss_bytes,faults,bytes_moved";
+
 /// `runs.csv`, a line written (and flushed) as each run ends, so an interrupted suite keeps
 /// what it measured.
 pub struct RunsCsv(File);
@@ -76,11 +80,7 @@ pub struct RunsCsv(File);
 impl RunsCsv {
     pub fn create(path: &Path) -> Result<RunsCsv> {
         let mut f = File::create(path).with_context(|| format!("creating {}", path.display()))?;
-        writeln!(
-            f,
-            "workload,mode,local_pct,rep,status,ops,secs,throughput,wall_s,peak_rss_bytes,\
-             faults,bytes_moved"
-        )?;
+        writeln!(f, "{RUNS_HEADER}")?;
         Ok(RunsCsv(f))
     }
 
@@ -119,6 +119,79 @@ impl RunsCsv {
         self.0.flush()?;
         Ok(())
     }
+}
+
+/// The runs in a `runs.csv` that `RunsCsv` wrote, for drawing the report again. Results,
+/// error messages and mode details are not in it. A last line cut short (the suite killed
+/// while writing it) is left out with a warning; any other unreadable line is an error.
+pub fn read_runs_csv(path: &Path) -> Result<Vec<RunRecord>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut lines: Vec<&str> = text.lines().collect();
+    if lines.first() != Some(&RUNS_HEADER) {
+        bail!(
+            "{} is not a runs.csv of farmem bench suite (its first line is not {RUNS_HEADER:?})",
+            path.display()
+        );
+    }
+    if !text.ends_with('\n') && lines.len() > 1 {
+        let cut = lines.pop().unwrap_or_default();
+        tracing::warn!(
+            "{}: leaving out its unfinished last line {cut:?}",
+            path.display()
+        );
+    }
+    lines
+        .iter()
+        .enumerate()
+        .skip(1)
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            parse_run(l).with_context(|| format!("{} line {}: {l:?}", path.display(), i + 1))
+        })
+        .collect()
+}
+
+fn parse_run(line: &str) -> Result<RunRecord> {
+    use clap::ValueEnum;
+    let f: Vec<&str> = line.split(',').collect();
+    if f.len() != RUNS_HEADER.split(',').count() {
+        bail!(
+            "{} fields, expected {}",
+            f.len(),
+            RUNS_HEADER.split(',').count()
+        );
+    }
+    let num = |i: usize| -> Result<f64> {
+        f[i].parse::<f64>()
+            .with_context(|| format!("{} is not a number: {:?}", header_field(i), f[i]))
+    };
+    let outcome = match f[4] {
+        "ok" => Outcome::Done(Measured {
+            result: String::new(),
+            ops: num(5)? as u64,
+            secs: num(6)?,
+            wall_s: num(8)?,
+            peak_rss: num(9)? as u64,
+            faults: num(10)? as u64,
+            bytes_moved: num(11)? as u64,
+            detail: Value::Null,
+        }),
+        "oom-killed" => Outcome::OomKilled { wall_s: num(8)? },
+        "failed" => Outcome::Failed("failed (the reason is in the suite's output)".into()),
+        other => bail!("unknown status {other:?}"),
+    };
+    Ok(RunRecord {
+        workload: Workload::from_str(f[0], false).map_err(|e| anyhow!("workload: {e}"))?,
+        mode: Mode::from_str(f[1], false).map_err(|e| anyhow!("mode: {e}"))?,
+        local_pct: num(2)? as u32,
+        rep: num(3)? as usize,
+        outcome,
+    })
+}
+
+fn header_field(i: usize) -> &'static str {
+    RUNS_HEADER.split(',').nth(i).unwrap_or("field")
 }
 
 /// The median of the repeats at one (workload, mode, local %).
@@ -367,7 +440,6 @@ fn si(v: f64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::measure::Measured;
     use super::*;
 
     fn done(w: Workload, mode: Mode, pct: u32, rep: usize, ops: u64, secs: f64) -> RunRecord {
@@ -447,5 +519,57 @@ mod tests {
         ];
         let pts = points(&runs);
         assert_eq!(ratio(&pts, w, Mode::Farmem, 25), "∞ (swap OOM)");
+    }
+
+    #[test]
+    fn runs_csv_reads_back_what_it_wrote() {
+        let dir = std::env::temp_dir().join(format!("farmem-runs-csv-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("runs.csv");
+        let w = Workload::Seqscan;
+        let written = vec![
+            done(w, Mode::Native, 100, 0, 1000, 0.25),
+            done(w, Mode::FarmemTcp, 25, 2, 777, 3.5),
+            oom(w, Mode::SwapZram, 25, 1),
+            RunRecord {
+                workload: Workload::Memcached,
+                mode: Mode::SwapFile,
+                local_pct: 10,
+                rep: 0,
+                outcome: Outcome::Failed("timed out".into()),
+            },
+        ];
+        let mut csv = RunsCsv::create(&path).unwrap();
+        for r in &written {
+            csv.append(r).unwrap();
+        }
+        drop(csv);
+        let read = read_runs_csv(&path).unwrap();
+        assert_eq!(read.len(), written.len());
+        for (a, b) in written.iter().zip(&read) {
+            assert_eq!(
+                (a.workload, a.mode, a.local_pct, a.rep, a.status()),
+                (b.workload, b.mode, b.local_pct, b.rep, b.status())
+            );
+            assert_eq!(a.throughput(), b.throughput());
+        }
+        match (&written[1].outcome, &read[1].outcome) {
+            (Outcome::Done(a), Outcome::Done(b)) => assert_eq!(
+                (a.ops, a.peak_rss, a.faults, a.bytes_moved),
+                (b.ops, b.peak_rss, b.faults, b.bytes_moved)
+            ),
+            o => panic!("{o:?}"),
+        }
+
+        // A line cut short at the end is left out; one in the middle is an error.
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, format!("{text}seqscan,farmem,50,0,o")).unwrap();
+        assert_eq!(read_runs_csv(&path).unwrap().len(), written.len());
+        std::fs::write(&path, format!("{text}seqscan,farmem,50,0,o\n")).unwrap();
+        let e = format!("{:#}", read_runs_csv(&path).unwrap_err());
+        assert!(e.contains("line 6"), "{e}");
+        std::fs::write(&path, "workload,mode\n").unwrap();
+        assert!(read_runs_csv(&path).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
