@@ -4,7 +4,8 @@
 //! writes samples faster than that. If the thread that unwinds also read the rings, a burst
 //! of faults (or a moment without a CPU) would overflow them and the kernel would drop
 //! samples, which skews the shares towards the slower sites. So one thread only copies
-//! records out, at real-time priority where allowed, and hands them over in chunks.
+//! records out, at real-time priority where allowed, into buffers that are already mapped,
+//! and hands them over in chunks.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
@@ -15,6 +16,8 @@ use super::record::Recorder;
 /// The thread that empties the rings into memory, ahead of the parsing.
 pub struct Copier {
     chunks: mpsc::Receiver<Vec<u8>>,
+    /// Parsed chunks go back to the copier to be filled again.
+    spare: mpsc::Sender<Vec<u8>>,
     /// Bytes copied out and not parsed yet.
     backlog: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
@@ -24,6 +27,12 @@ pub struct Copier {
 /// Most bytes of records held between the copier and the parser: past it the copier waits,
 /// the rings fill and the kernel drops samples (and says how many), instead of the trace
 /// taking the machine's memory. Up to a hundred thousand samples of 8 KiB of stack.
+/// Buffers the copier prepares before its first copy, and their size: a few copies' worth
+/// (it copies every few milliseconds; a program faulting as fast as it can fills a few MiB
+/// of ring in that time), prepared in a few milliseconds before the program starts.
+const PREPARED_BUFFERS: usize = 3;
+const PREPARED_BYTES: usize = 8 << 20;
+
 fn backlog_limit() -> usize {
     let avail = std::fs::read_to_string("/proc/meminfo")
         .ok()
@@ -39,30 +48,50 @@ fn backlog_limit() -> usize {
 impl Copier {
     pub fn start(rec: Recorder) -> Copier {
         let (tx, chunks) = mpsc::channel();
+        let (spare, spare_rx) = mpsc::channel();
         let backlog = Arc::new(AtomicUsize::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let (b, s) = (backlog.clone(), stop.clone());
+        let (ready_tx, ready) = mpsc::channel();
         let thread = std::thread::spawn(move || {
             realtime_if_allowed();
-            Self::copy(rec, tx, &b, &s, backlog_limit());
+            Self::copy(rec, tx, spare_rx, ready_tx, &b, &s, backlog_limit());
         });
+        let _ = ready.recv(); // its buffers are prepared (or it ended)
         Copier {
             chunks,
+            spare,
             backlog,
             stop,
             thread: Some(thread),
         }
     }
 
-    /// The copier's loop: until `stop`, copy the rings out whenever they have data and the
-    /// backlog is under `limit`. Returning drops the recorder, which closes the events.
+    /// The copier's loop: says `ready` once prepared, then until `stop` copies the rings out
+    /// whenever they have data and the backlog is under `limit`. Returning drops the
+    /// recorder, which closes the events.
+    ///
+    /// It copies into buffers that are already mapped: the parser hands them back, and the
+    /// first ones are touched before the program starts. Allocating and faulting here would
+    /// contend for the process's memory map with the parser (which maps debug files and
+    /// frees large buffers) while the rings fill.
     fn copy(
         mut rec: Recorder,
         tx: mpsc::Sender<Vec<u8>>,
+        spare: mpsc::Receiver<Vec<u8>>,
+        ready: mpsc::Sender<()>,
         backlog: &AtomicUsize,
         stop: &AtomicBool,
         limit: usize,
     ) {
+        let mut pool: Vec<Vec<u8>> = (0..PREPARED_BUFFERS)
+            .map(|_| {
+                let mut b = vec![1u8; PREPARED_BYTES];
+                b.clear();
+                b
+            })
+            .collect();
+        let _ = ready.send(());
         loop {
             // The last pass, after the program ended, takes everything regardless of the
             // backlog: nothing more will come.
@@ -70,13 +99,17 @@ impl Copier {
             if !last {
                 rec.wait(5);
             }
+            pool.extend(spare.try_iter());
             if last || backlog.load(Ordering::Relaxed) < limit {
-                let mut buf = Vec::new();
+                let mut buf = pool.pop().unwrap_or_default();
+                buf.clear();
                 if rec.copy_out(&mut buf) > 0 {
                     backlog.fetch_add(buf.len(), Ordering::Relaxed);
                     if tx.send(buf).is_err() {
                         return;
                     }
+                } else {
+                    pool.push(buf);
                 }
             } else {
                 std::thread::sleep(Duration::from_millis(1));
@@ -96,6 +129,7 @@ impl Copier {
         {
             f(&buf);
             self.backlog.fetch_sub(buf.len(), Ordering::Relaxed);
+            let _ = self.spare.send(buf);
         }
     }
 

@@ -88,9 +88,6 @@ fn ring_pages() -> usize {
     1 << (usize::BITS - 1 - pages.leading_zeros()) // a power of two, rounded down
 }
 
-/// Niceness of the thread that parses and unwinds the samples while the program runs.
-const PARSER_NICE: libc::c_int = 10;
-
 /// A sample after unwinding: where the fault happened and by which path.
 struct Sampled {
     pid: u32,
@@ -145,7 +142,9 @@ pub fn run(a: Args) -> Result<()> {
         });
     }
     let (period, stack_bytes) = (a.sample_rate, a.stack_bytes);
-    let opener = std::thread::spawn(move || -> Result<Recorder> {
+    // The copier is running before the program may start: its first milliseconds (loading,
+    // the runtime's set-up, often a first burst of faults) would overflow the rings otherwise.
+    let opener = std::thread::spawn(move || -> Result<Copier> {
         let mut pid_file = fd_file(pid_r);
         let mut go = fd_file(go_w);
         let mut b = [0u8; 4];
@@ -153,7 +152,7 @@ pub fn run(a: Args) -> Result<()> {
             .read_exact(&mut b)
             .context("the program did not start")?;
         let pid = i32::from_le_bytes(b);
-        let r = Recorder::open(pid, period, stack_bytes, ring_pages());
+        let r = Recorder::open(pid, period, stack_bytes, ring_pages()).map(Copier::start);
         let _ = go.write_all(&[r.is_err() as u8]);
         r.map_err(|e| {
             anyhow::anyhow!(
@@ -172,14 +171,14 @@ pub fn run(a: Args) -> Result<()> {
         .join()
         .map_err(|_| anyhow::anyhow!("the sampler thread panicked"))?;
     match (spawned, recorder) {
-        (Ok(child), Ok(rec)) => {
+        (Ok(child), Ok(copier)) => {
             eprintln!(
                 "farmem trace: recording {:?} (pid {}), one fault in {}",
                 a.cmd[0],
                 child.id(),
                 a.sample_rate
             );
-            finish(a, child.id() as i32, rec, &work, t0, prepared_local)
+            finish(a, child.id() as i32, copier, &work, t0, prepared_local)
         }
         // The child refuses to run without the sampler, so this is only for safety.
         (Ok(mut child), Err(e)) => {
@@ -195,7 +194,7 @@ pub fn run(a: Args) -> Result<()> {
 fn finish(
     a: Args,
     pid: i32,
-    rec: Recorder,
+    copier: Copier,
     work: &std::path::Path,
     t0: Instant,
     local: Option<u64>,
@@ -233,16 +232,6 @@ fn finish(
     // One thread copies the rings out as fast as the program fills them; this one parses
     // and unwinds, which is much slower (a few microseconds a sample) and may fall behind
     // for a while without the kernel dropping samples.
-    let copier = Copier::start(rec);
-    // The parser yields to the copier and to the program: both would be delayed by it.
-    // SAFETY: setpriority on this thread only (gettid); failure leaves it at its priority.
-    unsafe {
-        libc::setpriority(
-            libc::PRIO_PROCESS,
-            libc::gettid() as libc::id_t,
-            PARSER_NICE,
-        );
-    }
     let (status, rusage) = loop {
         copier.take_for(Duration::from_millis(5), |buf| {
             record::parse_records(buf, |ev| take(ev, &mut maps))
