@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod host;
 mod run;
 mod server;
 mod trace;

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use super::record::Recorder;
+use super::record::{parse_records, Event, Recorder};
 
 /// The thread that empties the rings into memory, ahead of the parsing.
 pub struct Copier {
@@ -24,24 +24,19 @@ pub struct Copier {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// Most bytes of records held between the copier and the parser: past it the copier waits,
-/// the rings fill and the kernel drops samples (and says how many), instead of the trace
-/// taking the machine's memory. Up to a hundred thousand samples of 8 KiB of stack.
 /// Buffers the copier prepares before its first copy, and their size: a few copies' worth
 /// (it copies every few milliseconds; a program faulting as fast as it can fills a few MiB
 /// of ring in that time), prepared in a few milliseconds before the program starts.
 const PREPARED_BUFFERS: usize = 3;
 const PREPARED_BYTES: usize = 8 << 20;
 
+/// Most bytes of records held between the copier and the parser: past it the copier waits,
+/// the rings fill and the kernel drops samples (and says how many), instead of the trace
+/// taking the machine's memory. Up to a hundred thousand samples of 8 KiB of stack.
 fn backlog_limit() -> usize {
-    let avail = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find_map(|l| l.strip_prefix("MemAvailable:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
-        })
-        .map_or(usize::MAX, |kib| kib * 1024 / 4);
+    let avail = crate::host::meminfo_kib("MemAvailable").map_or(usize::MAX, |kib| {
+        usize::try_from(kib * 1024 / 4).unwrap_or(usize::MAX)
+    });
     avail.clamp(64 << 20, 1 << 30)
 }
 
@@ -120,24 +115,24 @@ impl Copier {
         }
     }
 
-    /// Parse what the copier has delivered with `f`, for up to about `wait`.
-    pub fn take_for(&self, wait: Duration, mut f: impl FnMut(&[u8])) {
+    /// Hand the records the copier has delivered to `f`, for up to about `wait`.
+    pub fn take_for(&self, wait: Duration, mut f: impl FnMut(Event<'_>)) {
         let deadline = Instant::now() + wait;
         while let Ok(buf) = self
             .chunks
             .recv_timeout(deadline.saturating_duration_since(Instant::now()))
         {
-            f(&buf);
+            parse_records(&buf, &mut f);
             self.backlog.fetch_sub(buf.len(), Ordering::Relaxed);
             let _ = self.spare.send(buf);
         }
     }
 
-    /// After the program ended: copy out what is left, and parse everything with `f`.
-    pub fn finish(mut self, mut f: impl FnMut(&[u8])) {
+    /// After the program ended: copy out what is left, and hand every record to `f`.
+    pub fn finish(mut self, mut f: impl FnMut(Event<'_>)) {
         self.stop.store(true, Ordering::Release);
         for buf in &self.chunks {
-            f(&buf);
+            parse_records(&buf, &mut f);
         }
         if let Some(t) = self.thread.take() {
             let _ = t.join();

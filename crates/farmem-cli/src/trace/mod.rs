@@ -233,14 +233,12 @@ fn finish(
     // and unwinds, which is much slower (a few microseconds a sample) and may fall behind
     // for a while without the kernel dropping samples.
     let (status, rusage) = loop {
-        copier.take_for(Duration::from_millis(5), |buf| {
-            record::parse_records(buf, |ev| take(ev, &mut maps))
-        });
+        copier.take_for(Duration::from_millis(5), |ev| take(ev, &mut maps));
         if let Some(ended) = run::try_wait_with_rusage(pid)? {
             break ended;
         }
     };
-    copier.finish(|buf| record::parse_records(buf, |ev| take(ev, &mut maps)));
+    copier.finish(|ev| take(ev, &mut maps));
     let wall = t0.elapsed();
 
     let records = read_fault_logs(work);

@@ -161,12 +161,10 @@ pub fn run(mut a: Args) -> Result<()> {
 /// `--report-only`: the report of the runs in `--out`/runs.csv, as the suite that made them
 /// would have written it.
 fn report_again(mut a: Args) -> Result<()> {
-    if !(a.scale > 0.0 && a.scale.is_finite()) {
-        bail!("--scale must be a positive number");
-    }
-    let runs = report::read_runs_csv(&a.out.join("runs.csv"))?;
+    let csv = a.out.join("runs.csv");
+    let runs = report::read_runs_csv(&csv)?;
     if runs.is_empty() {
-        bail!("{} has no runs to report", a.out.join("runs.csv").display());
+        bail!("{} has no runs to report", csv.display());
     }
     a.workloads = Vec::new();
     for r in &runs {
@@ -175,20 +173,16 @@ fn report_again(mut a: Args) -> Result<()> {
         }
     }
     a.modes = runs.iter().map(|r| r.mode).collect();
-    a.modes.push(Mode::Native);
-    a.modes.sort();
-    a.modes.dedup();
     a.local = runs
         .iter()
         .filter(|r| r.mode != Mode::Native)
         .map(|r| r.local_pct)
         .collect();
-    a.local.sort_unstable_by(|x, y| y.cmp(x));
-    a.local.dedup();
     if a.local.is_empty() {
         a.local.push(100);
     }
     a.repeat = runs.iter().map(|r| r.rep + 1).max().unwrap_or(1);
+    validate(&mut a)?;
     // As the suite sizes them: by the first native run that succeeded.
     let sizes: Vec<(Workload, u64, u64)> = a
         .workloads
@@ -201,11 +195,7 @@ fn report_again(mut a: Args) -> Result<()> {
             Some((w, data_mib(w, a.scale), peak))
         })
         .collect();
-    eprintln!(
-        "{} runs read from {}",
-        runs.len(),
-        a.out.join("runs.csv").display()
-    );
+    eprintln!("{} runs read from {}", runs.len(), csv.display());
     let points = report::points(&runs);
     // The machine the runs were made on, if the suite got as far as saying it.
     let earlier = std::fs::read_to_string(a.out.join("results.json"))
@@ -228,7 +218,19 @@ fn data_mib(w: Workload, scale: f64) -> u64 {
     ((w.default_mib() as f64 * scale).round() as u64).max(8)
 }
 
+/// `validate`, and root: the suite needs it to run anything.
 fn check(a: &mut Args) -> Result<()> {
+    validate(a)?;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("farmem bench suite needs root: userfaultfd, swap devices and memory cgroups");
+    }
+    Ok(())
+}
+
+/// Check the arguments and put the lists in the order the suite and its report use:
+/// points from the most local memory down, modes in their order with native first.
+fn validate(a: &mut Args) -> Result<()> {
     if a.repeat == 0 {
         bail!("--repeat must be at least 1");
     }
@@ -249,10 +251,6 @@ fn check(a: &mut Args) -> Result<()> {
     }
     a.modes.sort();
     a.modes.dedup();
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        bail!("farmem bench suite needs root: userfaultfd, swap devices and memory cgroups");
-    }
     Ok(())
 }
 
@@ -524,11 +522,7 @@ fn machine() -> serde_json::Value {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
     let kernel = read("/proc/sys/kernel/osrelease").trim().to_string();
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let mem_kib: u64 = read("/proc/meminfo")
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0);
+    let mem_kib = crate::host::meminfo_kib("MemTotal").unwrap_or(0);
     let model = read("/proc/cpuinfo")
         .lines()
         .find_map(|l| l.strip_prefix("model name"))

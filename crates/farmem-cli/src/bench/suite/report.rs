@@ -154,17 +154,14 @@ pub fn read_runs_csv(path: &Path) -> Result<Vec<RunRecord>> {
 
 fn parse_run(line: &str) -> Result<RunRecord> {
     use clap::ValueEnum;
+    let names: Vec<&str> = RUNS_HEADER.split(',').collect();
     let f: Vec<&str> = line.split(',').collect();
-    if f.len() != RUNS_HEADER.split(',').count() {
-        bail!(
-            "{} fields, expected {}",
-            f.len(),
-            RUNS_HEADER.split(',').count()
-        );
+    if f.len() != names.len() {
+        bail!("{} fields, expected {}", f.len(), names.len());
     }
     let num = |i: usize| -> Result<f64> {
         f[i].parse::<f64>()
-            .with_context(|| format!("{} is not a number: {:?}", header_field(i), f[i]))
+            .with_context(|| format!("{} is not a number: {:?}", names[i], f[i]))
     };
     let outcome = match f[4] {
         "ok" => Outcome::Done(Measured {
@@ -188,10 +185,6 @@ fn parse_run(line: &str) -> Result<RunRecord> {
         rep: num(3)? as usize,
         outcome,
     })
-}
-
-fn header_field(i: usize) -> &'static str {
-    RUNS_HEADER.split(',').nth(i).unwrap_or("field")
 }
 
 /// The median of the repeats at one (workload, mode, local %).
