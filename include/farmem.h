@@ -26,7 +26,7 @@ extern "C" {
 #define FM_WRITE 1u /* the access writes: map the page writable */
 #define FM_SEQ 2u   /* skip when this thread's previous FM_SEQ hint was on the same page */
 
-/* Per-page metadata bits the inline check reads (see crates/farmem/src/page_table.rs). */
+/* Per-page metadata bits the inline check reads (see crates/farmem-runtime/src/page_table.rs). */
 #define FM__ABSENT 1ull
 #define FM__NOWRITE 2ull
 #define FM__IDLE 64ull /* the reclaim policy wants to hear of the next use of the page */

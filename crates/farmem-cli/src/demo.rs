@@ -4,8 +4,9 @@
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use farmem::config::{parse_budget, parse_size};
-use farmem::{BackendSpec, Config, Runtime, PAGE_SIZE};
+use farmem_proto::size::parse_size;
+use farmem_runtime::config::parse_budget;
+use farmem_runtime::{BackendSpec, Config, Runtime, PAGE_SIZE};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -75,7 +76,7 @@ pub fn run(a: Args) -> Result<()> {
     bad += verify(p, words, |w| {
         if w % (PAGE_SIZE / 8) == 0 {
             // SAFETY: pointer arithmetic inside the region.
-            farmem::hint_ex(unsafe { p.add(w) }, 8, farmem::FM_SEQ, 63, 0);
+            farmem_runtime::hint_ex(unsafe { p.add(w) }, 8, farmem_runtime::FM_SEQ, 63, 0);
         }
     });
     report("verify (hinted, rdahead 63)", pages, t);

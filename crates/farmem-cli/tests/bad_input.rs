@@ -9,11 +9,12 @@ use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use farmem::backend::tcp::TcpBackend;
-use farmem::backend::{Backend, IoClass, PageBuf, PageKey};
-use farmem::protocol::auth::{random_bytes, Secret, Transcript};
-use farmem::protocol::{self as p, ErrorCode, Frame, Header, Kind};
-use farmem::PAGE_SIZE;
+use farmem_proto::auth::{Secret, Transcript};
+use farmem_proto::{self as p, ErrorCode, Frame, Header, Kind};
+use farmem_runtime::backend::tcp::TcpBackend;
+use farmem_runtime::backend::{Backend, IoClass, PageBuf, PageKey};
+use farmem_runtime::PAGE_SIZE;
+use farmem_sys::random::random_bytes;
 use support::*;
 
 const SECRET: &str = "bad-input-secret";
@@ -439,7 +440,7 @@ fn serve_corrupting(mut s: TcpStream, secret: &str) {
 #[test]
 fn client_refuses_pages_whose_checksum_does_not_match() {
     let addr = corrupting_server("fake-secret");
-    let spec = farmem::TcpSpec {
+    let spec = farmem_runtime::TcpSpec {
         addr,
         tenant: "victim".into(),
         token: Secret::from_text("fake-secret"),

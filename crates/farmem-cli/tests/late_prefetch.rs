@@ -9,14 +9,12 @@
 //! ahead asynchronously): windows are dropped, and every page must still read back right,
 //! including pages a thread was waiting for when their window was dropped.
 
-#[path = "../../farmem/tests/common/mod.rs"]
-mod common;
 mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use common::*;
-use farmem::{BackendSpec, Config, Runtime, PAGE_SIZE};
+use farmem_runtime::testing::*;
+use farmem_runtime::{BackendSpec, Config, Runtime, PAGE_SIZE};
 use support::*;
 
 const PAGES: usize = 1024;

@@ -8,7 +8,7 @@ mod support;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
-use farmem::{FM_WRITE, PAGE_SIZE};
+use farmem_runtime::{FM_WRITE, PAGE_SIZE};
 use support::*;
 
 #[test]
@@ -48,16 +48,16 @@ fn child_writes_then_verifies() {
     let Ok(addr) = std::env::var("FARMEM_TEST_SERVER") else {
         return;
     };
-    let spec = farmem::TcpSpec {
+    let spec = farmem_runtime::TcpSpec {
         addr,
         tenant: "restart".into(),
-        token: farmem::protocol::auth::Secret::from_text("restart-secret"),
+        token: farmem_proto::auth::Secret::from_text("restart-secret"),
         reconnect_window: std::time::Duration::from_secs(20),
     };
-    let rt = farmem::Runtime::new(farmem::Config {
+    let rt = farmem_runtime::Runtime::new(farmem_runtime::Config {
         local_mem: 1 << 20,
-        backend: farmem::BackendSpec::Tcp(spec),
-        ..farmem::Config::default()
+        backend: farmem_runtime::BackendSpec::Tcp(spec),
+        ..farmem_runtime::Config::default()
     })
     .unwrap();
     let pages = 2048;
@@ -65,7 +65,7 @@ fn child_writes_then_verifies() {
     let value = |p: usize| (p as u64 + 1) * 0x9E37_79B9;
     for p in 0..pages {
         let q = r.as_mut_ptr().wrapping_add(p * PAGE_SIZE);
-        farmem::hint_ex(q, 8, FM_WRITE, 0, 0);
+        farmem_runtime::hint_ex(q, 8, FM_WRITE, 0, 0);
         // SAFETY: inside the region.
         unsafe { (q as *mut u64).write(value(p)) };
     }

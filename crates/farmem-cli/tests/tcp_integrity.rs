@@ -3,16 +3,14 @@
 //! reconnect, resume its session and re-send exactly what was unanswered), and sequential
 //! scans with read-ahead windows in flight over the network.
 
-#[path = "../../farmem/tests/common/mod.rs"]
-mod common;
 mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::churn::{churn, BUDGET};
-use common::scans::overlapping_scans;
-use farmem::{BackendSpec, Config, Runtime};
+use farmem_runtime::testing::churn::{churn, BUDGET};
+use farmem_runtime::testing::scans::overlapping_scans;
+use farmem_runtime::{BackendSpec, Config, Runtime};
 use support::*;
 
 #[test]
@@ -56,7 +54,7 @@ fn integrity_while_connections_are_cut() {
                 proxy.cut();
             }
         });
-        let _stop = common::StopOnDrop(&done);
+        let _stop = farmem_runtime::testing::StopOnDrop(&done);
         churn(rt.clone());
     });
     let cuts = proxy.cuts.load(Ordering::Relaxed);
@@ -79,7 +77,11 @@ fn integrity_while_connections_are_cut() {
 #[test]
 fn scans_with_readahead_in_flight_over_tcp() {
     let server = Server::shared("scan-secret");
-    let rt = server.runtime("scans", "scan-secret", common::scans::BUDGET);
+    let rt = server.runtime(
+        "scans",
+        "scan-secret",
+        farmem_runtime::testing::scans::BUDGET,
+    );
     overlapping_scans(rt.clone());
     assert!(rt.stats().prefetch_batches > 200, "{}", rt.stats());
 }

@@ -4,9 +4,9 @@
 
 mod support;
 
-use farmem::backend::tcp::TcpBackend;
-use farmem::backend::{Backend, BackendError, IoClass, PageBuf, PageKey};
-use farmem::{BackendSpec, Config, Runtime, PAGE_SIZE};
+use farmem_runtime::backend::tcp::TcpBackend;
+use farmem_runtime::backend::{Backend, BackendError, IoClass, PageBuf, PageKey};
+use farmem_runtime::{BackendSpec, Config, Runtime, PAGE_SIZE};
 use support::*;
 
 const TOKENS: &str = "# two tenants with their own secrets\n\

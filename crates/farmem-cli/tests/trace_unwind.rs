@@ -10,18 +10,8 @@
 //! frame. Needs `cc` (and `objcopy`/`strip` for the separate-debug-file variants, `dwz` for
 //! its own); a test whose tool is missing says so and passes. `--nocapture` shows the
 //! symbolized stacks.
-//!
-//! The modules are compiled into this test from the binary crate's sources.
 
-#[allow(dead_code)]
-#[path = "../src/trace/modules.rs"]
-mod modules;
-#[allow(dead_code)]
-#[path = "../src/trace/symbolize.rs"]
-mod symbolize;
-#[allow(dead_code)]
-#[path = "../src/trace/unwind.rs"]
-mod unwind;
+use farmem_cli::trace::{modules, symbolize, unwind};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

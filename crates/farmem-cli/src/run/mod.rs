@@ -113,7 +113,7 @@ fn budget(a: &Options, cmd: &[OsString]) -> Result<Option<u64>> {
         return Ok(None);
     };
     let Some(pct) = s.trim().strip_suffix('%') else {
-        let b = farmem::config::parse_size(s).context("--local-mem")?;
+        let b = farmem_proto::size::parse_size(s).context("--local-mem")?;
         return Ok(Some(b));
     };
     let pct: f64 = pct
@@ -124,7 +124,7 @@ fn budget(a: &Options, cmd: &[OsString]) -> Result<Option<u64>> {
         bail!("--local-mem {s}: the percentage must be in (0, 100]");
     }
     let peak = match (&a.peak, a.measure_peak) {
-        (Some(p), _) => farmem::config::parse_size(p)?,
+        (Some(p), _) => farmem_proto::size::parse_size(p)?,
         (None, true) => measure_peak(cmd)?,
         (None, false) => bail!(
             "--local-mem {s} is a share of the program's peak memory: give --peak SIZE, or \
@@ -164,25 +164,12 @@ fn measure_peak(cmd: &[OsString]) -> Result<u64> {
 
 /// wait4 on `pid`, retrying on EINTR. Returns the wait status and the child's rusage.
 fn wait_with_rusage(pid: i32) -> Result<(i32, libc::rusage)> {
-    let mut status = 0;
-    // SAFETY: rusage is plain old data; all-zero is a valid value.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    loop {
-        // SAFETY: waiting for our own child with valid out-pointers.
-        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
-        if r == pid {
-            return Ok((status, ru));
-        }
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EINTR) {
-            return Err(e).context("waiting for the program");
-        }
-    }
+    farmem_sys::process::wait_with_rusage(pid).context("waiting for the program")
 }
 
 /// Check up front that userfaultfd works here, so the user gets the fix, not a failed run.
 fn check_userfaultfd() -> Result<()> {
-    farmem::sys::uffd::Uffd::open(0)
+    farmem_sys::uffd::Uffd::open(0)
         .map(|_| ())
         .context("farmem needs userfaultfd")
 }
@@ -200,10 +187,10 @@ pub fn prepare(a: &Options, program: &[OsString], stats_dir: &Path) -> Result<Pr
     check_userfaultfd()?;
     let local = budget(a, program)?;
     if let Some(b) = &a.backend {
-        farmem::BackendSpec::parse(b).context("--backend")?;
+        farmem_runtime::BackendSpec::parse(b).context("--backend")?;
     }
     if let Some(p) = &a.policy {
-        farmem::PolicyKind::parse(p).context("--policy")?;
+        farmem_runtime::PolicyKind::parse(p).context("--policy")?;
     }
     let mut cmd = Command::new(&program[0]);
     cmd.args(&program[1..]);
@@ -229,7 +216,7 @@ pub fn prepare(a: &Options, program: &[OsString], stats_dir: &Path) -> Result<Pr
         cmd.env("FARMEM_POLICY", p);
     }
     if let Some(p) = &a.prefault {
-        farmem::config::parse_size(p).context("--prefault")?;
+        farmem_proto::size::parse_size(p).context("--prefault")?;
         cmd.env("FARMEM_PREFAULT", p);
     }
     // The config the program will see must be valid: check it here, with this process's
@@ -305,32 +292,16 @@ pub fn write_stats(a: &Options, stats_dir: &Path, e: &Ended) -> Result<()> {
 
 /// wait4 without blocking: the wait status and rusage once `pid` has ended.
 pub fn try_wait_with_rusage(pid: i32) -> Result<Option<(i32, libc::rusage)>> {
-    let mut status = 0;
-    // SAFETY: rusage is plain old data; all-zero is a valid value.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: polling our own child with valid out-pointers.
-    let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut ru) };
-    match r {
-        0 => Ok(None),
-        r if r == pid => Ok(Some((status, ru))),
-        _ => {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EINTR) {
-                Ok(None)
-            } else {
-                Err(e).context("waiting for the program")
-            }
-        }
-    }
+    farmem_sys::process::try_wait_with_rusage(pid).context("waiting for the program")
 }
 
 fn check_config(local: Option<u64>, a: &Options) -> Result<()> {
-    let mut c = farmem::Config::default();
+    let mut c = farmem_runtime::Config::default();
     if let Some(b) = local {
         c.local_mem = b;
     }
     if let Some(b) = &a.backend {
-        c.backend = farmem::BackendSpec::parse(b)?;
+        c.backend = farmem_runtime::BackendSpec::parse(b)?;
     }
     c.validate().context("--local-mem")?;
     Ok(())

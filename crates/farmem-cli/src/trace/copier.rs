@@ -34,7 +34,7 @@ const PREPARED_BYTES: usize = 8 << 20;
 /// the rings fill and the kernel drops samples (and says how many), instead of the trace
 /// taking the machine's memory. Up to a hundred thousand samples of 8 KiB of stack.
 fn backlog_limit() -> usize {
-    let avail = crate::host::meminfo_kib("MemAvailable").map_or(usize::MAX, |kib| {
+    let avail = farmem_sys::host::meminfo_kib("MemAvailable").map_or(usize::MAX, |kib| {
         usize::try_from(kib * 1024 / 4).unwrap_or(usize::MAX)
     });
     avail.clamp(64 << 20, 1 << 30)

@@ -1,7 +1,7 @@
 //! `farmem trace`: find the code lines that cause most far-memory faults.
 //!
 //! The program runs as under `farmem run`, with two recorders side by side:
-//! * the runtime logs every unhinted fault it receives (`farmem::fault_log`: thread, page,
+//! * the runtime logs every unhinted fault it receives (`farmem_runtime::fault_log`: thread, page,
 //!   zero fill or fetch, read or write), exactly;
 //! * a `perf_event_open` sampler (`record`) takes one page fault in `--sample-rate` with the
 //!   faulting thread's registers and the top of its stack, which are unwound with the DWARF
@@ -33,7 +33,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use farmem::fault_log::{FaultKind, FaultRecord};
+use farmem_runtime::fault_log::{FaultKind, FaultRecord};
 
 use crate::run;
 use copier::Copier;
@@ -224,7 +224,7 @@ fn finish(
                 pid: s.pid,
                 tid: s.tid,
                 time_ns: s.time_ns,
-                page: s.addr & !(farmem::PAGE_SIZE as u64 - 1),
+                page: s.addr & !(farmem_runtime::PAGE_SIZE as u64 - 1),
                 pcs,
             });
         }

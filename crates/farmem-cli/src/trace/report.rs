@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use farmem::fault_log::{FaultKind, FaultRecord};
+use farmem_runtime::fault_log::{FaultKind, FaultRecord};
 
 use super::symbolize::{Frame, Symbolizer};
 use super::{Maps, TracedFault};
@@ -290,7 +290,7 @@ impl Report {
                         .faults
                         .windows(2)
                         .filter(|w| w[0].0 == w[1].0)
-                        .map(|w| (w[1].2 as i64 - w[0].2 as i64) / farmem::PAGE_SIZE as i64)
+                        .map(|w| (w[1].2 as i64 - w[0].2 as i64) / farmem_runtime::PAGE_SIZE as i64)
                         .filter(|&d| d != 0)
                         .collect();
                     // Reuse at this site: of the pages it faulted on, how many it faulted on

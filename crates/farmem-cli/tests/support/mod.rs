@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use farmem::config::TcpSpec;
-use farmem::protocol::auth::Secret;
-use farmem::{BackendSpec, Config, Runtime};
+use farmem_proto::auth::Secret;
+use farmem_runtime::config::TcpSpec;
+use farmem_runtime::{BackendSpec, Config, Runtime};
 
 pub fn farmem_bin() -> &'static str {
     env!("CARGO_BIN_EXE_farmem")

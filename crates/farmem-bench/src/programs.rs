@@ -1,0 +1,443 @@
+//! `farmem bench programs`: unmodified programs from Debian's packages, natively, under
+//! `farmem run` at a share of their peak memory, and under Linux swap to zram with the same
+//! memory limit (a memory cgroup), side by side in one run. Every run's output is compared
+//! with the native one: a mismatch fails the benchmark.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+
+use super::median;
+use super::swap::{SwapBaseline, SwapKind};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Workloads: python, python-fork, sort, sqlite, memcached, c-fork (the fork test
+    /// program, compiled with cc).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "python,python-fork,sort,sqlite,memcached,c-fork"
+    )]
+    workloads: Vec<String>,
+    /// Local memory, in percent of each program's native peak.
+    #[arg(long, value_delimiter = ',', default_value = "50,25")]
+    local: Vec<u32>,
+    /// Runs per point (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    /// Data size of each workload, MiB (roughly its native peak).
+    #[arg(long, default_value_t = 512)]
+    size_mib: u64,
+    /// Skip the Linux-swap (zram) runs.
+    #[arg(long)]
+    no_swap: bool,
+    /// Also write the results as JSON.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+const WORKLOADS: [&str; 6] = [
+    "python",
+    "python-fork",
+    "sort",
+    "sqlite",
+    "memcached",
+    "c-fork",
+];
+
+/// The C program of the fork test: builds a heap, lets most of it be evicted, forks without
+/// exec, and parent and child verify all of it.
+const FORK_C: &str = include_str!("../../farmem-cli/tests/programs/fork.c");
+/// The test programs' shared data pattern, which `fork.c` includes.
+const PATTERN_H: &str = include_str!("../../farmem-cli/tests/programs/pattern.h");
+
+/// A program run: argv, the files it needs, and whether its result is its stdout.
+struct Workload {
+    name: &'static str,
+    argv: Vec<String>,
+}
+
+const PY_BUILD: &str = r#"
+import hashlib, sys
+mib = int(sys.argv[1])
+n = mib * 1024 * 1024 // 240
+h = hashlib.sha256()
+lists = [[i, i * 7, str(i)] for i in range(n // 4)]
+d = {i: (i * 31) % 1000003 for i in range(n // 4)}
+blobs = [bytearray((i % 251,)) * 1024 for i in range(n // 8)]
+for l in lists[::97]: h.update(repr(l).encode())
+for k in range(0, len(d), 89): h.update(str(d[k]).encode())
+for b in blobs[::13]: h.update(b)
+print(len(lists), len(d), len(blobs), h.hexdigest())
+"#;
+
+const PY_FORK: &str = r#"
+import hashlib, sys, multiprocessing as mp
+mib = int(sys.argv[1])
+data = [bytes((i % 251,)) * 4096 for i in range(mib * 256 * 7 // 8)]
+def part(r):
+    h = hashlib.sha256()
+    for i in range(*r): h.update(data[i])
+    return h.hexdigest()
+if __name__ == "__main__":
+    n = len(data)
+    with mp.get_context("fork").Pool(2) as p:
+        print(p.map(part, [(0, n // 2), (n // 2, n)]))
+"#;
+
+fn write(dir: &Path, name: &str, text: &str) -> Result<String> {
+    let p = dir.join(name);
+    std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
+    Ok(p.to_string_lossy().into_owned())
+}
+
+fn need(path: &str, package: &str) -> Result<()> {
+    if !Path::new(path).exists() {
+        bail!("{path} is missing: install the Debian package {package}");
+    }
+    Ok(())
+}
+
+fn workload(name: &str, dir: &Path, mib: u64) -> Result<Workload> {
+    let sh = |s: String| vec!["/bin/sh".to_string(), "-c".to_string(), s];
+    let argv = match name {
+        "python" => {
+            need("/usr/bin/python3", "python3")?;
+            let s = write(dir, "build.py", PY_BUILD)?;
+            vec!["/usr/bin/python3".into(), s, mib.to_string()]
+        }
+        "python-fork" => {
+            need("/usr/bin/python3", "python3")?;
+            let s = write(dir, "fork.py", PY_FORK)?;
+            vec!["/usr/bin/python3".into(), s, mib.to_string()]
+        }
+        "sort" => {
+            // Lines of ~12 bytes; sort's in-memory representation is several times larger.
+            let input = dir.join("numbers.txt");
+            if !input.exists() {
+                let lines = mib * 1024 * 1024 / 64;
+                let gen = format!(
+                    "awk 'BEGIN {{ x = 12345; for (i = 0; i < {lines}; i++) {{ x = (x * \
+                     1103515245 + 12345) % 2147483648; print x }} }}' > {}",
+                    input.display()
+                );
+                let st = Command::new("/bin/sh").arg("-c").arg(&gen).status()?;
+                if !st.success() {
+                    bail!("generating the sort input failed");
+                }
+            }
+            let out = dir.join("sorted.txt");
+            sh(format!(
+                "/usr/bin/sort -n -S 4G -o {o} {i} && /usr/bin/md5sum < {o} && rm -f {o}",
+                o = out.display(),
+                i = input.display()
+            ))
+        }
+        "sqlite" => {
+            need("/usr/bin/sqlite3", "sqlite3")?;
+            let rows = mib * 1024 * 1024 / 200;
+            let sql = format!(
+                "CREATE TABLE t(id INTEGER PRIMARY KEY, grp INTEGER, val INTEGER, pad TEXT);\n\
+                 WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < {rows})\n\
+                 INSERT INTO t SELECT x, x % 97, (x * 7919) % 100003, printf('%050d', x) FROM c;\n\
+                 CREATE INDEX t_grp ON t(grp, val);\n\
+                 SELECT grp, COUNT(*), SUM(val), MIN(pad), MAX(val) FROM t GROUP BY grp ORDER BY grp;\n\
+                 SELECT COUNT(*), SUM(val % 13), AVG(id) FROM t WHERE val > 50000;\n"
+            );
+            let f = write(dir, "db.sql", &sql)?;
+            sh(format!("/usr/bin/sqlite3 :memory: < {f}"))
+        }
+        "memcached" => {
+            need("/usr/bin/memcached", "memcached")?;
+            let me = std::env::current_exe()?;
+            let keys = mib * 1024 / 100; // 100 KiB values
+                                         // The load client runs without farmem (it is not the program under test);
+                                         // memcached is killed once the client is done: its orderly shutdown takes ~1 s of
+                                         // sleeping that would swamp the measurement.
+            sh(format!(
+                "P=$((20000 + $$ % 20000)); /usr/bin/memcached -u root -U 0 -l 127.0.0.1 -p $P \
+                 -m {} -t 2 -I 2m & M=$!; env -u LD_PRELOAD -u FARMEM_PRELOAD {} bench \
+                 memcached-client --port $P --keys {keys}; R=$?; kill -KILL $M; wait $M; exit $R",
+                mib * 2,
+                me.display()
+            ))
+        }
+        "c-fork" => {
+            write(dir, "pattern.h", PATTERN_H)?;
+            let src = write(dir, "fork.c", FORK_C)?;
+            let exe = dir.join("fork");
+            let st = Command::new("cc")
+                .args(["-O2", "-o"])
+                .arg(&exe)
+                .arg(&src)
+                .status()
+                .context("running cc to build the fork program (install the Debian package gcc)")?;
+            if !st.success() {
+                bail!("compiling {src} failed");
+            }
+            vec![
+                exe.to_string_lossy().into_owned(),
+                "simple".into(),
+                mib.to_string(),
+            ]
+        }
+        other => bail!("unknown workload '{other}' ({})", WORKLOADS.join(", ")),
+    };
+    Ok(Workload {
+        name: WORKLOADS
+            .iter()
+            .find(|&&w| w == name)
+            .copied()
+            .expect("every workload built above is in WORKLOADS"),
+        argv,
+    })
+}
+
+struct RunResult {
+    secs: f64,
+    stdout: Vec<u8>,
+    peak_rss: u64,
+}
+
+/// Read the child's stdout to the end, then reap it with wait4: its status, its output and
+/// its peak resident set (the largest among it and the descendants it waited for).
+fn wait_rusage(mut child: std::process::Child) -> Result<(i32, Vec<u8>, u64)> {
+    use std::io::Read;
+    let mut stdout = Vec::new();
+    if let Some(mut o) = child.stdout.take() {
+        o.read_to_end(&mut stdout)?;
+    }
+    let pid = child.id() as i32;
+    let mut status = 0;
+    // SAFETY: rusage is plain old data.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: reaping our own child with valid out-pointers.
+        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+        if r == pid {
+            break;
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            bail!(
+                "waiting for the program: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    Ok((status, stdout, ru.ru_maxrss as u64 * 1024))
+}
+
+fn run_native(w: &Workload) -> Result<RunResult> {
+    let t0 = Instant::now();
+    let child = Command::new(&w.argv[0])
+        .args(&w.argv[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let (st, stdout, peak) = wait_rusage(child)?;
+    if !(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0) {
+        bail!("{} failed natively (wait status {st:#x})", w.name);
+    }
+    Ok(RunResult {
+        secs: t0.elapsed().as_secs_f64(),
+        stdout,
+        peak_rss: peak,
+    })
+}
+
+fn run_farmem(w: &Workload, local: u64) -> Result<RunResult> {
+    let me = std::env::current_exe()?;
+    let t0 = Instant::now();
+    let out = Command::new(me)
+        .arg("run")
+        .arg("--local-mem")
+        .arg(local.to_string())
+        .arg("--")
+        .args(&w.argv)
+        .stdin(Stdio::null())
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "{} failed under farmem run: {}\n{}",
+            w.name,
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(RunResult {
+        secs: t0.elapsed().as_secs_f64(),
+        stdout: out.stdout,
+        peak_rss: 0,
+    })
+}
+
+fn run_swap(w: &Workload, limit: u64, peak: u64) -> Result<RunResult> {
+    let base = SwapBaseline::setup(SwapKind::Zram, 2 * peak + (256 << 20), limit)?;
+    let mut cmd = Command::new(&w.argv[0]);
+    cmd.args(&w.argv[1..]).stdin(Stdio::null());
+    let t0 = Instant::now();
+    let out = base.run(cmd)?;
+    let secs = t0.elapsed().as_secs_f64();
+    base.close()?;
+    // Linux swap cannot always run the program at this limit: the cgroup's OOM killer ends
+    // it (directly, or the shell reports its child's SIGKILL as 137). That is a result.
+    use std::os::unix::process::ExitStatusExt;
+    if out.status.signal() == Some(libc::SIGKILL) || out.status.code() == Some(137) {
+        return Ok(RunResult {
+            secs: f64::INFINITY,
+            stdout: Vec::new(),
+            peak_rss: 0,
+        });
+    }
+    if !out.status.success() {
+        bail!(
+            "{} failed under Linux swap (limit {} MiB): {}\n{}",
+            w.name,
+            limit >> 20,
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(RunResult {
+        secs,
+        stdout: out.stdout,
+        peak_rss: 0,
+    })
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.repeat == 0 || a.local.iter().any(|&p| p == 0 || p > 100) {
+        bail!("--repeat must be positive and --local percentages in 1..=100");
+    }
+    let dir = std::env::temp_dir().join(format!("farmem-bench-programs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let res = run_in(&a, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    res
+}
+
+fn run_in(a: &Args, dir: &Path) -> Result<()> {
+    let mut rows = Vec::new();
+    let mut all_json = Vec::new();
+    for name in &a.workloads {
+        let w = workload(name, dir, a.size_mib)?;
+        eprint!("{}: native run to measure the peak ... ", w.name);
+        let reference = run_native(&w)?;
+        let peak = reference.peak_rss.max(16 << 20);
+        eprintln!("{:.2} s, peak {} MiB", reference.secs, peak >> 20);
+        let mut times: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        for rep in 0..a.repeat {
+            let r = if rep == 0 {
+                reference.secs
+            } else {
+                run_native(&w)?.secs
+            };
+            times.entry("native".into()).or_default().push(r);
+            for &pct in &a.local {
+                let local = peak * pct as u64 / 100;
+                eprint!(
+                    "{} rep {}/{}: farmem run at {pct}% ({} MiB) ... ",
+                    w.name,
+                    rep + 1,
+                    a.repeat,
+                    local >> 20
+                );
+                let f = run_farmem(&w, local)?;
+                eprintln!("{:.2} s", f.secs);
+                if f.stdout != reference.stdout {
+                    bail!(
+                        "{}: output under farmem run at {pct}% differs from the native one",
+                        w.name
+                    );
+                }
+                times
+                    .entry(format!("farmem {pct}%"))
+                    .or_default()
+                    .push(f.secs);
+                if !a.no_swap {
+                    eprint!(
+                        "{} rep {}/{}: Linux swap (zram) at {pct}% ... ",
+                        w.name,
+                        rep + 1,
+                        a.repeat
+                    );
+                    let s = run_swap(&w, local, peak)?;
+                    if s.secs.is_finite() {
+                        eprintln!("{:.2} s", s.secs);
+                    } else {
+                        eprintln!("OOM-killed");
+                    }
+                    if s.secs.is_finite() && s.stdout != reference.stdout {
+                        bail!(
+                            "{}: output under Linux swap at {pct}% differs: {:?} instead of {:?}",
+                            w.name,
+                            String::from_utf8_lossy(&s.stdout),
+                            String::from_utf8_lossy(&reference.stdout)
+                        );
+                    }
+                    times
+                        .entry(format!("zram {pct}%"))
+                        .or_default()
+                        .push(s.secs);
+                }
+            }
+        }
+        let med: BTreeMap<String, f64> = times
+            .iter()
+            .map(|(k, v)| (k.clone(), median(v.clone())))
+            .collect();
+        // Runs the OOM killer ended are infinite here and null in the JSON.
+        let finite = |v: f64| v.is_finite().then_some(v);
+        let runs: BTreeMap<&String, Vec<Option<f64>>> = times
+            .iter()
+            .map(|(k, v)| (k, v.iter().map(|&x| finite(x)).collect()))
+            .collect();
+        let meds: BTreeMap<&String, Option<f64>> =
+            med.iter().map(|(k, &v)| (k, finite(v))).collect();
+        all_json.push(json!({
+            "workload": w.name,
+            "peak_rss_bytes": peak,
+            "median_s": meds,
+            "runs_s": runs,
+        }));
+        rows.push((w.name, peak, med));
+    }
+    println!(
+        "\nmedian wall time in seconds (ratio to native); data size {} MiB",
+        a.size_mib
+    );
+    let mut cols = vec!["native".to_string()];
+    for &p in &a.local {
+        cols.push(format!("farmem {p}%"));
+        if !a.no_swap {
+            cols.push(format!("zram {p}%"));
+        }
+    }
+    print!("{:<12} {:>9}", "workload", "peak MiB");
+    for c in &cols {
+        print!(" {c:>18}");
+    }
+    println!();
+    for (name, peak, med) in &rows {
+        print!("{name:<12} {:>9.0}", *peak as f64 / (1 << 20) as f64);
+        let native = med["native"];
+        for c in &cols {
+            let v = med[c];
+            if v.is_finite() {
+                print!(" {:>18}", format!("{v:.2} ({:.1}x)", v / native));
+            } else {
+                print!(" {:>18}", "OOM-killed");
+            }
+        }
+        println!();
+    }
+    if let Some(f) = &a.json {
+        std::fs::write(f, serde_json::to_string_pretty(&all_json)? + "\n")?;
+    }
+    Ok(())
+}

@@ -1,0 +1,73 @@
+//! Which threads' memory must stay local.
+//!
+//! The runtime's own threads, and a program thread while it works inside the runtime (a
+//! hint's fetch, a discard, a fork's preparation), may hold page locks or wait for the
+//! backend. Memory they allocate must never be far memory: a fault on it would wait for the
+//! very thread that has to serve it. This module only keeps the per-thread flag; whoever
+//! puts a program's heap in far memory (the transparent mode of `libfarmem.so`) reads it
+//! with [`keeps_local`] and leaves such allocations to ordinary memory. Without such an
+//! allocator the flag costs a thread-local store and nothing reads it.
+
+use std::cell::Cell;
+
+use farmem_sys::signals::BlockAll;
+
+thread_local! {
+    static KEEP_LOCAL: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the calling thread's allocations and mappings must stay in local memory now.
+#[inline]
+pub fn keeps_local() -> bool {
+    KEEP_LOCAL.with(|c| c.get())
+}
+
+/// Keep every allocation and mapping of the calling thread local from now on (the
+/// runtime's own threads, for their whole life).
+#[inline]
+pub fn keep_local_on_this_thread() {
+    KEEP_LOCAL.with(|c| c.set(true));
+}
+
+/// While alive, the calling thread's allocations stay local; the previous state comes back
+/// when it is dropped (scopes nest).
+pub struct LocalScope {
+    was: bool,
+}
+
+impl LocalScope {
+    #[inline]
+    pub fn enter() -> LocalScope {
+        LocalScope {
+            was: KEEP_LOCAL.with(|c| c.replace(true)),
+        }
+    }
+}
+
+impl Drop for LocalScope {
+    #[inline]
+    fn drop(&mut self) {
+        let was = self.was;
+        KEEP_LOCAL.with(|c| c.set(was));
+    }
+}
+
+/// A program thread inside the runtime (a hint's fetch, a discard, a fork's preparation):
+/// allocations stay local, and asynchronous signals wait until it leaves. The thread may
+/// hold page locks and a backend connection; a handler of the program that touched one of
+/// those pages would wait for the very thread it interrupted.
+pub(crate) struct RuntimeScope {
+    // Dropped in this order: signals come back after allocations are the program's again.
+    _local: LocalScope,
+    _signals: BlockAll,
+}
+
+impl RuntimeScope {
+    pub(crate) fn enter() -> RuntimeScope {
+        let signals = BlockAll::enter();
+        RuntimeScope {
+            _local: LocalScope::enter(),
+            _signals: signals,
+        }
+    }
+}

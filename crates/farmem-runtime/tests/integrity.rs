@@ -1,0 +1,66 @@
+//! Integrity under churn (see `common/churn.rs`) on the embedded backends, with one and two
+//! fault threads.
+
+use farmem_runtime::testing::churn::{churn, BUDGET};
+use farmem_runtime::testing::*;
+use farmem_runtime::{BackendSpec, Config, PolicyKind, Runtime};
+
+#[test]
+fn random_records_under_churn() {
+    churn(runtime(BUDGET as u64, 32, 64));
+}
+
+#[test]
+fn random_records_under_churn_lz4() {
+    let rt = Runtime::new(Config {
+        local_mem: BUDGET as u64,
+        backend: BackendSpec::Local { lz4: true },
+        evict_batch: 16,
+        ..Config::default()
+    })
+    .unwrap();
+    assert_eq!(rt.backend_name(), "local+lz4");
+    churn(rt);
+}
+
+#[test]
+fn random_records_under_churn_two_fault_threads() {
+    let rt = Runtime::new(Config {
+        local_mem: BUDGET as u64,
+        evict_batch: 64,
+        fault_readahead: 0,
+        fault_threads: 2,
+        ..Config::default()
+    })
+    .unwrap();
+    churn(rt);
+}
+
+/// The same churn under each policy that reads the use bits (hints and faults clear `IDLE`,
+/// the hands set it): evictions chosen by recency and priority must lose nothing either.
+fn churn_with_policy(name: &str) {
+    let rt = Runtime::new(Config {
+        local_mem: BUDGET as u64,
+        evict_batch: 32,
+        policy: PolicyKind::parse(name).unwrap(),
+        ..Config::default()
+    })
+    .unwrap();
+    assert_eq!(rt.policy_name(), name);
+    churn(rt);
+}
+
+#[test]
+fn random_records_under_churn_second_chance() {
+    churn_with_policy("second-chance");
+}
+
+#[test]
+fn random_records_under_churn_lru() {
+    churn_with_policy("lru");
+}
+
+#[test]
+fn random_records_under_churn_priority() {
+    churn_with_policy("priority");
+}

@@ -1,0 +1,342 @@
+//! One client connection on the server: non-blocking reads split into frames, and an output
+//! queue for what the socket did not take at once.
+//!
+//! Small frames are cut out of a 64 KiB read buffer; a large one (a batched write) is read
+//! straight into a pooled buffer of its size. Replies are written with `writev` as soon as
+//! they are ready, pages taken directly from the store; only what the socket does not accept
+//! right away is copied into the output queue.
+
+use std::collections::{HashSet, VecDeque};
+use std::io::{self, IoSlice, Read, Write};
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use farmem_proto::{Header, Kind, Nonce, ProtoError, SessionId, HEADER_LEN};
+use mio::net::TcpStream;
+
+use super::store::SessionIdx;
+
+const RBUF: usize = 64 << 10;
+
+/// Reusable frame buffers by power-of-two size class, so a stream of batched writes does not
+/// allocate (and fault in) megabytes per request.
+#[derive(Default)]
+pub struct BufPool {
+    classes: Vec<Vec<Vec<u8>>>,
+}
+
+/// A frame body in a pooled buffer (`buf[..len]` is the body).
+pub struct Body {
+    pub buf: Vec<u8>,
+    pub len: usize,
+}
+
+impl Body {
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl BufPool {
+    const MIN_SHIFT: u32 = 12;
+    const KEEP: usize = 16;
+
+    fn class(len: usize) -> usize {
+        (len.max(1)
+            .next_power_of_two()
+            .trailing_zeros()
+            .max(Self::MIN_SHIFT)
+            - Self::MIN_SHIFT) as usize
+    }
+
+    pub fn get(&mut self, len: usize) -> Body {
+        let c = Self::class(len);
+        let buf = self
+            .classes
+            .get_mut(c)
+            .and_then(|v| v.pop())
+            .unwrap_or_else(|| vec![0u8; 1 << (c as u32 + Self::MIN_SHIFT)]);
+        Body { buf, len }
+    }
+
+    pub fn put(&mut self, b: Body) {
+        let c = Self::class(b.buf.len());
+        if self.classes.len() <= c {
+            self.classes.resize_with(c + 1, Vec::new);
+        }
+        if self.classes[c].len() < Self::KEEP && b.buf.len() == 1 << (c as u32 + Self::MIN_SHIFT) {
+            self.classes[c].push(b.buf);
+        }
+    }
+}
+
+pub enum State {
+    /// Waiting for the client's Hello.
+    Hello,
+    /// Challenge sent; waiting for the proof.
+    Auth {
+        tenant: String,
+        session: SessionId,
+        resume: bool,
+        client_nonce: Nonce,
+        server_nonce: Nonce,
+    },
+    /// Authenticated: requests flow.
+    Ready { tenant: usize, session: SessionIdx },
+}
+
+pub enum Next {
+    Frame(Header, Body),
+    /// Nothing more to read now.
+    Drained,
+    /// The next frame's body does not fit the allowance: read it later.
+    Blocked,
+    /// The client closed the connection.
+    Eof,
+}
+
+pub struct Conn {
+    pub sock: TcpStream,
+    pub peer: SocketAddr,
+    pub state: State,
+    /// The handshake must finish by then.
+    pub deadline: Option<Instant>,
+    rbuf: Box<[u8]>,
+    rstart: usize,
+    rend: usize,
+    big: Option<(Header, Body, usize)>,
+    out: VecDeque<Vec<u8>>,
+    out_off: usize,
+    pub out_bytes: usize,
+    /// Bytes held for this connection: bodies of queued requests, replies announced by
+    /// them, and unsent output. Reading pauses while this exceeds the window.
+    pub held: usize,
+    /// Ids of requests queued or being served (a reused id is a protocol violation).
+    pub inflight: HashSet<u64>,
+    /// Reading stopped for the budget while the socket may still have data.
+    pub paused: bool,
+    /// Frame bodies allocated since the engine last looked (it adds them to `held`).
+    pub allocated: usize,
+    /// When bytes last arrived.
+    last_read: Instant,
+}
+
+impl Conn {
+    pub fn new(sock: TcpStream, peer: SocketAddr, deadline: Instant) -> Conn {
+        Conn {
+            sock,
+            peer,
+            state: State::Hello,
+            deadline: Some(deadline),
+            rbuf: vec![0u8; RBUF].into_boxed_slice(),
+            rstart: 0,
+            rend: 0,
+            big: None,
+            out: VecDeque::new(),
+            out_off: 0,
+            out_bytes: 0,
+            held: 0,
+            inflight: HashSet::new(),
+            paused: false,
+            allocated: 0,
+            last_read: Instant::now(),
+        }
+    }
+
+    /// The tenant, once authenticated.
+    pub fn tenant(&self) -> Option<usize> {
+        match self.state {
+            State::Ready { tenant, .. } => Some(tenant),
+            _ => None,
+        }
+    }
+
+    /// Part of a frame arrived and nothing more for `limit` (a client that holds server
+    /// memory with frames it never finishes).
+    pub fn stalled_mid_frame(&self, now: Instant, limit: std::time::Duration) -> bool {
+        (self.big.is_some() || self.rend > self.rstart)
+            && now.duration_since(self.last_read) > limit
+    }
+
+    /// Whether a frame of this kind may come now. Checked on the header, so that a client
+    /// cannot make the server allocate a large body before it has authenticated.
+    fn admissible(&self, h: &Header) -> Result<(), ConnError> {
+        let ok = match self.state {
+            State::Hello => h.kind == Kind::Hello,
+            State::Auth { .. } => h.kind == Kind::Auth,
+            State::Ready { .. } => h.kind.is_request(),
+        };
+        if ok {
+            Ok(())
+        } else {
+            let when = match self.state {
+                State::Ready { .. } => "after the handshake",
+                _ => "during the handshake",
+            };
+            Err(ConnError::OutOfOrder(format!("{:?} frame {when}", h.kind)))
+        }
+    }
+
+    /// The next complete frame, or why there is none. A body is allocated only if it fits
+    /// in `allowance` bytes (what the connection and the server may still hold).
+    pub fn next_frame(&mut self, pool: &mut BufPool, allowance: usize) -> Result<Next, ConnError> {
+        loop {
+            if let Some((h, mut body, filled)) = self.big.take() {
+                if filled == body.len {
+                    return Ok(Next::Frame(h, body));
+                }
+                match self.sock.read(&mut body.buf[filled..body.len]) {
+                    Ok(0) => return Ok(Next::Eof),
+                    Ok(n) => {
+                        self.last_read = Instant::now();
+                        self.big = Some((h, body, filled + n));
+                    }
+                    Err(e) => {
+                        self.big = Some((h, body, filled));
+                        match e.kind() {
+                            io::ErrorKind::WouldBlock => return Ok(Next::Drained),
+                            io::ErrorKind::Interrupted => {}
+                            _ => return Err(ConnError::Io(e)),
+                        }
+                    }
+                }
+                continue;
+            }
+            let avail = self.rend - self.rstart;
+            if avail >= HEADER_LEN {
+                let hb: &[u8; HEADER_LEN] = self.rbuf[self.rstart..self.rstart + HEADER_LEN]
+                    .try_into()
+                    .expect("header length");
+                let h = Header::decode(hb).map_err(ConnError::Proto)?;
+                self.admissible(&h)?;
+                let total = h.frame_len();
+                let body_at = self.rstart + HEADER_LEN;
+                if h.len as usize > allowance {
+                    return Ok(Next::Blocked);
+                }
+                if avail >= total {
+                    self.allocated += h.len as usize;
+                    let mut body = pool.get(h.len as usize);
+                    body.buf[..body.len].copy_from_slice(&self.rbuf[body_at..body_at + body.len]);
+                    self.rstart += total;
+                    return Ok(Next::Frame(h, body));
+                }
+                if total > RBUF / 2 {
+                    // A large frame: take what arrived, read the rest straight into its body.
+                    self.allocated += h.len as usize;
+                    let mut body = pool.get(h.len as usize);
+                    let have = avail - HEADER_LEN;
+                    body.buf[..have].copy_from_slice(&self.rbuf[body_at..self.rend]);
+                    self.rstart = 0;
+                    self.rend = 0;
+                    self.big = Some((h, body, have));
+                    continue;
+                }
+            }
+            if self.rstart > 0 {
+                self.rbuf.copy_within(self.rstart..self.rend, 0);
+                self.rend -= self.rstart;
+                self.rstart = 0;
+            }
+            match self.sock.read(&mut self.rbuf[self.rend..]) {
+                Ok(0) => return Ok(Next::Eof),
+                Ok(n) => {
+                    self.last_read = Instant::now();
+                    self.rend += n;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Next::Drained),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(ConnError::Io(e)),
+            }
+        }
+    }
+
+    /// Send `parts` as one message: straight to the socket if nothing is queued before it,
+    /// the rest copied into the output queue. Returns the bytes queued.
+    pub fn send(&mut self, parts: &[&[u8]]) -> io::Result<usize> {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let mut sent = 0;
+        if self.out.is_empty() {
+            let mut slices: Vec<IoSlice> = parts.iter().map(|p| IoSlice::new(p)).collect();
+            let mut rest = &mut slices[..];
+            while !rest.is_empty() {
+                // IOV_MAX is 1024; writev takes what it can and the loop continues.
+                let n = rest.len().min(1024);
+                match self.sock.write_vectored(&rest[..n]) {
+                    Ok(0) => break,
+                    Ok(k) => {
+                        sent += k;
+                        IoSlice::advance_slices(&mut rest, k);
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        if sent == total {
+            return Ok(0);
+        }
+        let mut rest = Vec::with_capacity(total - sent);
+        let mut skip = sent;
+        for p in parts {
+            if skip >= p.len() {
+                skip -= p.len();
+                continue;
+            }
+            rest.extend_from_slice(&p[skip..]);
+            skip = 0;
+        }
+        let queued = rest.len();
+        self.out_bytes += queued;
+        self.out.push_back(rest);
+        Ok(queued)
+    }
+
+    /// Write queued output. Returns the bytes written.
+    pub fn flush(&mut self) -> io::Result<usize> {
+        let mut written = 0;
+        while let Some(front) = self.out.front() {
+            match self.sock.write(&front[self.out_off..]) {
+                Ok(0) => break,
+                Ok(n) => {
+                    written += n;
+                    self.out_off += n;
+                    if self.out_off == front.len() {
+                        self.out.pop_front();
+                        self.out_off = 0;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.out_bytes -= written;
+        Ok(written)
+    }
+}
+
+/// Why a connection must close.
+pub enum ConnError {
+    Io(io::Error),
+    Proto(ProtoError),
+    OutOfOrder(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_reuses_by_size_class() {
+        let mut p = BufPool::default();
+        let b = p.get(5000);
+        assert_eq!((b.len, b.buf.len()), (5000, 8192));
+        let ptr = b.buf.as_ptr();
+        p.put(b);
+        let again = p.get(8000);
+        assert_eq!(again.buf.as_ptr(), ptr);
+        assert_eq!(p.get(1).buf.len(), 4096);
+    }
+}

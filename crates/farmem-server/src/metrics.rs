@@ -1,0 +1,496 @@
+//! Server counters: updated by the event loop (relaxed atomics), served in Prometheus text
+//! format on `--metrics ADDR` by a small HTTP thread, and printed for a person by
+//! `farmem server --stats ADDR`.
+
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use farmem_proto::ErrorCode;
+use farmem_proto::PAGE_SIZE;
+use parking_lot::Mutex;
+
+pub const CLASS_NAMES: [&str; 3] = ["demand", "prefetch", "writeback"];
+
+#[derive(Default)]
+pub struct TenantMetrics {
+    pub name: String,
+    pub weight: u32,
+    pub quota_pages: u64,
+    pub stored_pages: AtomicU64,
+    pub requests: [AtomicU64; 3],
+    pub pages_read: AtomicU64,
+    pub pages_written: AtomicU64,
+    pub refused_writes: AtomicU64,
+}
+
+pub struct Metrics {
+    pub started: Instant,
+    pub capacity_pages: u64,
+    pub stored_pages: AtomicU64,
+    pub connections: AtomicU64,
+    pub connections_total: AtomicU64,
+    pub sessions: AtomicU64,
+    /// Bytes held for queued requests, announced replies and unsent output.
+    pub held_bytes: AtomicU64,
+    pub requests: [AtomicU64; 3],
+    pub pages_read: AtomicU64,
+    pub pages_written: AtomicU64,
+    pub pages_freed: AtomicU64,
+    /// Error replies by code (index: position in `ErrorCode::ALL`).
+    pub errors: [AtomicU64; ErrorCode::ALL.len()],
+    /// Connections closed because they sent malformed or out-of-order frames.
+    pub bad_input: AtomicU64,
+    pub tenants: Mutex<Vec<Arc<TenantMetrics>>>,
+}
+
+impl Metrics {
+    pub fn new(capacity_pages: u64) -> Metrics {
+        Metrics {
+            started: Instant::now(),
+            capacity_pages,
+            stored_pages: AtomicU64::new(0),
+            connections: AtomicU64::new(0),
+            connections_total: AtomicU64::new(0),
+            sessions: AtomicU64::new(0),
+            held_bytes: AtomicU64::new(0),
+            requests: Default::default(),
+            pages_read: AtomicU64::new(0),
+            pages_written: AtomicU64::new(0),
+            pages_freed: AtomicU64::new(0),
+            errors: Default::default(),
+            bad_input: AtomicU64::new(0),
+            tenants: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn error(&self, code: ErrorCode) {
+        let i = ErrorCode::ALL
+            .iter()
+            .position(|&c| c == code)
+            .expect("listed");
+        self.errors[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut o = String::new();
+        let mut metric = |name: &str, kind: &str, help: &str, samples: Vec<(String, u64)>| {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (labels, v) in samples {
+                let _ = writeln!(o, "{name}{labels} {v}");
+            }
+        };
+        let one = |v: u64| vec![(String::new(), v)];
+        metric(
+            "farmem_server_uptime_seconds",
+            "gauge",
+            "Seconds since the server started.",
+            one(self.started.elapsed().as_secs()),
+        );
+        metric(
+            "farmem_server_capacity_pages",
+            "gauge",
+            "Most pages the server stores (4 KiB each).",
+            one(self.capacity_pages),
+        );
+        metric(
+            "farmem_server_stored_pages",
+            "gauge",
+            "Pages stored now.",
+            one(l(&self.stored_pages)),
+        );
+        metric(
+            "farmem_server_stored_bytes",
+            "gauge",
+            "Bytes of page data stored now.",
+            one(l(&self.stored_pages) * PAGE_SIZE as u64),
+        );
+        metric(
+            "farmem_server_connections",
+            "gauge",
+            "Client connections open now.",
+            one(l(&self.connections)),
+        );
+        metric(
+            "farmem_server_connections_total",
+            "counter",
+            "Client connections accepted.",
+            one(l(&self.connections_total)),
+        );
+        metric(
+            "farmem_server_sessions",
+            "gauge",
+            "Client sessions (one per program) alive now.",
+            one(l(&self.sessions)),
+        );
+        metric(
+            "farmem_server_held_bytes",
+            "gauge",
+            "Bytes held for queued requests, announced replies and unsent output.",
+            one(l(&self.held_bytes)),
+        );
+        let by_class = |a: &[AtomicU64; 3]| {
+            (0..3)
+                .map(|i| (format!("{{class=\"{}\"}}", CLASS_NAMES[i]), l(&a[i])))
+                .collect()
+        };
+        metric(
+            "farmem_server_requests_total",
+            "counter",
+            "Requests served, by priority class.",
+            by_class(&self.requests),
+        );
+        metric(
+            "farmem_server_pages_total",
+            "counter",
+            "Pages read, written and freed.",
+            vec![
+                ("{op=\"read\"}".into(), l(&self.pages_read)),
+                ("{op=\"write\"}".into(), l(&self.pages_written)),
+                ("{op=\"free\"}".into(), l(&self.pages_freed)),
+            ],
+        );
+        metric(
+            "farmem_server_errors_total",
+            "counter",
+            "Error replies, by code.",
+            ErrorCode::ALL
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (format!("{{code=\"{}\"}}", c.name()), l(&self.errors[i])))
+                .collect(),
+        );
+        metric(
+            "farmem_server_bad_input_total",
+            "counter",
+            "Connections closed for malformed, oversized or out-of-order frames.",
+            one(l(&self.bad_input)),
+        );
+        let tenants = self.tenants.lock().clone();
+        let per = |f: &dyn Fn(&TenantMetrics) -> u64| {
+            tenants
+                .iter()
+                .map(|t| (format!("{{tenant=\"{}\"}}", t.name), f(t)))
+                .collect()
+        };
+        metric(
+            "farmem_tenant_stored_pages",
+            "gauge",
+            "Pages stored for the tenant.",
+            per(&|t| l(&t.stored_pages)),
+        );
+        metric(
+            "farmem_tenant_quota_pages",
+            "gauge",
+            "The tenant's quota in pages.",
+            per(&|t| t.quota_pages),
+        );
+        metric(
+            "farmem_tenant_weight",
+            "gauge",
+            "The tenant's fair-share weight.",
+            per(&|t| t.weight as u64),
+        );
+        metric(
+            "farmem_tenant_pages_read_total",
+            "counter",
+            "Pages read by the tenant.",
+            per(&|t| l(&t.pages_read)),
+        );
+        metric(
+            "farmem_tenant_pages_written_total",
+            "counter",
+            "Pages written by the tenant.",
+            per(&|t| l(&t.pages_written)),
+        );
+        metric(
+            "farmem_tenant_refused_writes_total",
+            "counter",
+            "Writes refused for quota or capacity.",
+            per(&|t| l(&t.refused_writes)),
+        );
+        metric(
+            "farmem_tenant_requests_total",
+            "counter",
+            "Requests served for the tenant, by class.",
+            tenants
+                .iter()
+                .flat_map(|t| {
+                    (0..3).map(move |i| {
+                        (
+                            format!("{{tenant=\"{}\",class=\"{}\"}}", t.name, CLASS_NAMES[i]),
+                            l(&t.requests[i]),
+                        )
+                    })
+                })
+                .collect(),
+        );
+        o
+    }
+}
+
+/// Serve `GET /metrics` on `listener` until the process ends.
+pub fn serve_http(listener: TcpListener, m: Arc<Metrics>) {
+    for conn in listener.incoming() {
+        let Ok(mut s) = conn else { continue };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
+        let mut req = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 8192 {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => req.extend_from_slice(&buf[..n]),
+            }
+        }
+        let line = String::from_utf8_lossy(&req);
+        let line = line.lines().next().unwrap_or("");
+        let (status, body) = if line.starts_with("GET /metrics ") || line == "GET /metrics" {
+            ("200 OK", m.render())
+        } else {
+            ("404 Not Found", "metrics are at /metrics\n".to_string())
+        };
+        let _ = write!(
+            s,
+            "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+    }
+}
+
+/// One sample of a scraped metric.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub name: String,
+    pub labels: Vec<(String, String)>,
+    pub value: f64,
+}
+
+impl Sample {
+    pub fn label(&self, k: &str) -> Option<&str> {
+        self.labels
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Parse the Prometheus text format (the subset `render` writes).
+pub fn parse(text: &str) -> Vec<Sample> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((lhs, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(value) = value.parse::<f64>() else {
+            continue;
+        };
+        let (name, labels) = match lhs.split_once('{') {
+            None => (lhs.to_string(), Vec::new()),
+            Some((n, rest)) => {
+                let inner = rest.trim_end_matches('}');
+                let labels = inner
+                    .split(',')
+                    .filter_map(|kv| {
+                        let (k, v) = kv.split_once('=')?;
+                        Some((k.trim().to_string(), v.trim().trim_matches('"').to_string()))
+                    })
+                    .collect();
+                (n.to_string(), labels)
+            }
+        };
+        out.push(Sample {
+            name,
+            labels,
+            value,
+        });
+    }
+    out
+}
+
+/// Fetch `http://addr/metrics`.
+pub fn scrape(addr: &str) -> Result<String> {
+    let mut s = TcpStream::connect(addr)
+        .with_context(|| format!("connecting to the metrics endpoint {addr}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp)
+        .with_context(|| format!("reading metrics from {addr}"))?;
+    let (head, body) = resp
+        .split_once("\r\n\r\n")
+        .context("malformed HTTP reply")?;
+    if !head.starts_with("HTTP/1.0 200") && !head.starts_with("HTTP/1.1 200") {
+        bail!(
+            "{addr} answered {}",
+            head.lines().next().unwrap_or("nothing")
+        );
+    }
+    Ok(body.to_string())
+}
+
+fn size(pages: f64) -> String {
+    let b = pages * PAGE_SIZE as f64;
+    if b >= (1u64 << 30) as f64 {
+        format!("{:.2} GiB", b / (1u64 << 30) as f64)
+    } else {
+        format!("{:.1} MiB", b / (1u64 << 20) as f64)
+    }
+}
+
+/// The scraped metrics as a report for a person.
+pub fn human_report(addr: &str, text: &str) -> String {
+    let samples = parse(text);
+    let get = |name: &str| {
+        samples
+            .iter()
+            .filter(|s| s.name == name)
+            .map(|s| s.value)
+            .sum::<f64>()
+    };
+    let labelled = |name: &str, label: &str| -> Vec<(String, f64)> {
+        samples
+            .iter()
+            .filter(|s| s.name == name)
+            .map(|s| (s.label(label).unwrap_or("?").to_string(), s.value))
+            .collect()
+    };
+    let mut o = String::new();
+    let up = get("farmem_server_uptime_seconds") as u64;
+    let cap = get("farmem_server_capacity_pages");
+    let stored = get("farmem_server_stored_pages");
+    let _ = writeln!(
+        o,
+        "farmem server (metrics at {addr}), up {}h{:02}m{:02}s",
+        up / 3600,
+        up / 60 % 60,
+        up % 60
+    );
+    let _ = writeln!(
+        o,
+        "  stored       {} of {} ({:.1}%)",
+        size(stored),
+        size(cap),
+        if cap > 0.0 { 100.0 * stored / cap } else { 0.0 }
+    );
+    let _ = writeln!(
+        o,
+        "  clients      {} connections, {} sessions ({} connections since start)",
+        get("farmem_server_connections"),
+        get("farmem_server_sessions"),
+        get("farmem_server_connections_total")
+    );
+    let reqs = labelled("farmem_server_requests_total", "class");
+    let _ = writeln!(
+        o,
+        "  requests     {}",
+        reqs.iter()
+            .map(|(c, v)| format!("{c} {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let pages = labelled("farmem_server_pages_total", "op");
+    let _ = writeln!(
+        o,
+        "  pages        {}",
+        pages
+            .iter()
+            .map(|(c, v)| format!("{c} {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let errors: Vec<String> = labelled("farmem_server_errors_total", "code")
+        .into_iter()
+        .filter(|(_, v)| *v > 0.0)
+        .map(|(c, v)| format!("{c} {v}"))
+        .collect();
+    let _ = writeln!(
+        o,
+        "  errors       {}; {} connections closed for bad input",
+        if errors.is_empty() {
+            "none".to_string()
+        } else {
+            errors.join(", ")
+        },
+        get("farmem_server_bad_input_total")
+    );
+    let tenants = labelled("farmem_tenant_stored_pages", "tenant");
+    if !tenants.is_empty() {
+        let _ = writeln!(
+            o,
+            "  {:<20} {:>12} {:>12} {:>6} {:>14} {:>14} {:>8}",
+            "tenant", "stored", "quota", "weight", "pages read", "pages written", "refused"
+        );
+        let find = |name: &str, t: &str| {
+            samples
+                .iter()
+                .find(|s| s.name == name && s.label("tenant") == Some(t))
+                .map_or(0.0, |s| s.value)
+        };
+        for (t, st) in tenants {
+            let _ = writeln!(
+                o,
+                "  {:<20} {:>12} {:>12} {:>6} {:>14} {:>14} {:>8}",
+                t,
+                size(st),
+                size(find("farmem_tenant_quota_pages", &t)),
+                find("farmem_tenant_weight", &t),
+                find("farmem_tenant_pages_read_total", &t),
+                find("farmem_tenant_pages_written_total", &t),
+                find("farmem_tenant_refused_writes_total", &t),
+            );
+        }
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn render_parses_back() {
+        let m = Metrics::new(1000);
+        m.stored_pages.store(10, Ordering::Relaxed);
+        m.requests[1].store(7, Ordering::Relaxed);
+        m.error(ErrorCode::QuotaExceeded);
+        m.tenants.lock().push(Arc::new(TenantMetrics {
+            name: "alice".into(),
+            weight: 2,
+            quota_pages: 500,
+            ..TenantMetrics::default()
+        }));
+        let text = m.render();
+        let s = parse(&text);
+        let find = |n: &str, k: &str, v: &str| {
+            s.iter()
+                .find(|x| x.name == n && x.label(k) == Some(v))
+                .map(|x| x.value)
+        };
+        assert_eq!(
+            find("farmem_server_requests_total", "class", "prefetch"),
+            Some(7.0)
+        );
+        assert_eq!(
+            find("farmem_server_errors_total", "code", "quota_exceeded"),
+            Some(1.0)
+        );
+        assert_eq!(find("farmem_tenant_weight", "tenant", "alice"), Some(2.0));
+        let report = human_report("x", &text);
+        assert!(
+            report.contains("alice") && report.contains("quota_exceeded 1"),
+            "{report}"
+        );
+    }
+}

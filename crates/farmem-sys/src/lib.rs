@@ -1,0 +1,12 @@
+//! Thin, documented wrappers over the Linux interfaces farmem uses: memory mappings and
+//! futexes, userfaultfd, signal masks, randomness, processes and facts about the machine.
+//! Shared by the runtime, the C library, the memory server and the tools; depends on
+//! nothing of farmem.
+
+pub mod host;
+pub mod mem;
+pub mod process;
+pub mod random;
+pub mod secret_file;
+pub mod signals;
+pub mod uffd;

@@ -1,0 +1,102 @@
+//! mimalloc, pointed at far memory.
+//!
+//! mimalloc (a proven allocator for small objects: thread-local free lists, no global lock)
+//! gets one arena, the mimalloc part of the reservation, handed over uncommitted. Before it
+//! uses a range it calls [`commit`], which turns the chunks of the range into far-memory
+//! regions; when it purges free memory it calls [`commit`] with `commit == false`, which
+//! discards those pages (local and far copies). It may not take memory from the OS for
+//! blocks (`mi_setup.c`), so every block it hands out is far memory.
+
+use std::ffi::c_void;
+
+use parking_lot::Mutex;
+
+use super::vspace;
+
+extern "C" {
+    fn fm_mi_configure();
+    fn fm_mi_add_arena(
+        start: *mut c_void,
+        size: usize,
+        commit: extern "C" fn(bool, *mut c_void, usize, *mut bool, *mut c_void) -> bool,
+    ) -> i32;
+}
+
+/// Arenas are added as mimalloc fills them: 1, 2, 4, then 8 GiB at a time (mimalloc keeps
+/// 2.3 MiB of bookkeeping per GiB of arena, committed up front).
+const FIRST_ARENA: usize = 1 << 30;
+const MAX_ARENA: usize = 8 << 30;
+
+/// `(next arena start, end of mimalloc's part, size of the last arena)`.
+static ARENAS: Mutex<(usize, usize, usize)> = Mutex::new((0, 0, 0));
+
+pub use libmimalloc_sys::{
+    mi_calloc, mi_free, mi_malloc, mi_malloc_aligned, mi_realloc, mi_usable_size,
+};
+
+pub fn init(base: usize, len: usize) -> Result<(), String> {
+    // SAFETY: sets mimalloc options; no memory is involved.
+    unsafe { fm_mi_configure() };
+    *ARENAS.lock() = (base, base + len, 0);
+    if !add_arena() {
+        return Err("mimalloc refused the far-memory arena".into());
+    }
+    Ok(())
+}
+
+/// Give mimalloc one more arena (after an allocation failed). False when the part of the
+/// address space for mimalloc is used up.
+pub fn add_arena() -> bool {
+    let mut a = ARENAS.lock();
+    let (next, end, last) = *a;
+    let size = if last == 0 {
+        FIRST_ARENA
+    } else {
+        (last * 2).min(MAX_ARENA)
+    };
+    if next + size > end {
+        return false;
+    }
+    // SAFETY: the range is our reservation, handed to mimalloc for good; `commit` is a plain
+    // function that never unwinds.
+    let rc = super::in_allocator(|| unsafe { fm_mi_add_arena(next as *mut c_void, size, commit) });
+    if rc != 0 {
+        return false;
+    }
+    *a = (next + size, end, size);
+    true
+}
+
+/// mimalloc's commit callback (`mi_commit_fun_t`).
+extern "C" fn commit(
+    commit: bool,
+    start: *mut c_void,
+    size: usize,
+    _is_zero: *mut bool,
+    _arg: *mut c_void,
+) -> bool {
+    let r = std::panic::catch_unwind(|| {
+        let a = start as usize;
+        if commit {
+            let mut g = vspace::SPACE.lock();
+            match g.as_mut().map(|s| s.ensure_usable(a, size)) {
+                Some(Ok(())) => true,
+                Some(Err(e)) => {
+                    eprintln!("farmem: mimalloc arena: {e}");
+                    false
+                }
+                None => false,
+            }
+        } else {
+            // Purge: drop the pages. mimalloc commits again before reusing them, which is a
+            // no-op for chunks already registered. (`_is_zero` is left as mimalloc set it:
+            // a committed range may include pages that still hold data.)
+            let rt = vspace::runtime();
+            vspace::discard(rt.as_ref(), a, size);
+            true
+        }
+    });
+    r.unwrap_or_else(|_| {
+        farmem_sys::process::fatal("internal error (panic) in the mimalloc commit callback")
+    })
+}

@@ -1,0 +1,332 @@
+//! The far address space of the transparent mode.
+//!
+//! One large inaccessible reservation (`PROT_NONE`, `MAP_NORESERVE`: it costs nothing) holds
+//! every far byte of the program, so "is this pointer far?" is two comparisons:
+//!
+//! ```text
+//!  base            mi_end                                       end
+//!   | mimalloc's arena |  direct ranges: mmap, mremap, large malloc  |
+//! ```
+//!
+//! The reservation becomes far memory in chunks of [`CHUNK`] bytes, each a runtime region
+//! made at that address on first use (registering 1 TiB up front would write 2 GiB of page
+//! metadata). mimalloc asks for its part through its commit callback (`mi.rs`); the direct
+//! part is handed out by a page-range allocator (best fit, coalescing), much as the kernel
+//! hands out address ranges. Freed ranges are discarded first, so a range handed out always
+//! reads as zeros, as fresh anonymous memory does.
+//!
+//! In a child forked from the program the runtime is gone: chunks are made accessible as
+//! ordinary memory instead, and discards are plain `MADV_DONTNEED`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
+
+use farmem_runtime::Region;
+use farmem_runtime::Runtime;
+use farmem_sys::mem::{self, PAGE_SIZE};
+
+/// Granularity at which the reservation becomes far memory.
+pub const CHUNK: usize = 64 << 20;
+/// mimalloc's arena (virtual: only what it commits is ever registered).
+const MI_SPACE: usize = 256 << 30;
+/// Room for mmap'ed ranges and large blocks.
+const DIRECT_SPACE: usize = 1 << 40;
+
+static BASE: AtomicUsize = AtomicUsize::new(0);
+static MI_END: AtomicUsize = AtomicUsize::new(0);
+static END: AtomicUsize = AtomicUsize::new(0);
+
+/// Which part of the far address space a pointer is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    Mimalloc,
+    Direct,
+    Outside,
+}
+
+#[inline]
+pub fn part_of(p: usize) -> Part {
+    // Checking BASE first keeps this to one load for pointers below the reservation (and
+    // for every pointer before it exists, when BASE is 0 and END is 0).
+    if p < BASE.load(Ordering::Relaxed) || p >= END.load(Ordering::Relaxed) {
+        Part::Outside
+    } else if p < MI_END.load(Ordering::Relaxed) {
+        Part::Mimalloc
+    } else {
+        Part::Direct
+    }
+}
+
+/// Whether `[a, a+len)` touches the reservation.
+pub fn overlaps(a: usize, len: usize) -> bool {
+    let (b, e) = (BASE.load(Ordering::Relaxed), END.load(Ordering::Relaxed));
+    b != 0 && a < e && a.saturating_add(len) > b
+}
+
+/// The reservation's bounds: `(base, mi_end, end)`.
+pub fn bounds() -> (usize, usize, usize) {
+    (
+        BASE.load(Ordering::Relaxed),
+        MI_END.load(Ordering::Relaxed),
+        END.load(Ordering::Relaxed),
+    )
+}
+
+pub struct Space {
+    /// The runtime, or None in a forked child.
+    rt: Option<Runtime>,
+    /// Chunk regions; never dropped (the program may use their memory until it exits).
+    chunks: Vec<Region>,
+    registered: Vec<u64>,
+    by_addr: BTreeMap<usize, usize>,
+    by_size: BTreeSet<(usize, usize)>,
+    /// High-water mark of the direct part: everything below is handed out or free.
+    top: usize,
+    /// Blocks of `malloc` served here (too large for mimalloc): start -> (length, address
+    /// space reserved for it to grow into).
+    pub large: BTreeMap<usize, (usize, usize)>,
+    /// Bounds of the whole reservation (copies of BASE and END).
+    base: usize,
+    end: usize,
+}
+
+pub static SPACE: Mutex<Option<Space>> = Mutex::new(None);
+
+fn align_up(v: usize, a: usize) -> usize {
+    (v + a - 1) & !(a - 1)
+}
+
+/// Reserve the address space. Returns `(mimalloc arena start, its length)`.
+pub fn init(rt: Runtime) -> Result<(usize, usize), String> {
+    let total = MI_SPACE + DIRECT_SPACE;
+    let raw = mem::map_anon(total + CHUNK, libc::PROT_NONE)
+        .map_err(|e| format!("cannot reserve {} GiB of address space: {e}", total >> 30))?
+        as usize;
+    let base = align_up(raw, CHUNK);
+    let nchunks = total / CHUNK;
+    *SPACE.lock() = Some(Space {
+        rt: Some(rt),
+        chunks: Vec::new(),
+        registered: vec![0; nchunks.div_ceil(64)],
+        by_addr: BTreeMap::new(),
+        by_size: BTreeSet::new(),
+        top: base + MI_SPACE,
+        large: BTreeMap::new(),
+        base,
+        end: base + total,
+    });
+    MI_END.store(base + MI_SPACE, Ordering::Relaxed);
+    END.store(base + total, Ordering::Relaxed);
+    BASE.store(base, Ordering::Release);
+    Ok((base, MI_SPACE))
+}
+
+impl Space {
+    /// The forked child's view: the runtime is gone, memory is ordinary.
+    pub fn enter_child(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            // The regions' Drop would talk to the dead runtime: keep them forever.
+            std::mem::forget(std::mem::take(&mut self.chunks));
+            std::mem::forget(rt);
+        }
+    }
+
+    pub fn runtime(&self) -> Option<&Runtime> {
+        self.rt.as_ref()
+    }
+
+    /// Make every chunk that `[a, a+len)` touches usable.
+    pub fn ensure_usable(&mut self, a: usize, len: usize) -> Result<(), String> {
+        // Called with SPACE held: an allocation glibc makes meanwhile must not come back here.
+        let _local = super::LocalScope::enter();
+        let base = self.base;
+        let first = (a - base) / CHUNK;
+        let last = (a + len - base).div_ceil(CHUNK);
+        for c in first..last {
+            if self.registered[c / 64] & (1 << (c % 64)) != 0 {
+                continue;
+            }
+            let at = base + c * CHUNK;
+            match &self.rt {
+                Some(rt) => {
+                    // SAFETY: the chunk is part of our reservation and not in use.
+                    let r = unsafe { rt.create_region_at(at, CHUNK) }
+                        .map_err(|e| format!("making far memory at {at:#x}: {e}"))?;
+                    self.chunks.push(r);
+                }
+                None => {
+                    // SAFETY: the chunk is part of our reservation and not in use.
+                    unsafe { mem::sys_mprotect(at, CHUNK, libc::PROT_READ | libc::PROT_WRITE) }
+                        .map_err(|e| format!("mprotect {at:#x}: errno {e}"))?;
+                }
+            }
+            self.registered[c / 64] |= 1 << (c % 64);
+        }
+        Ok(())
+    }
+
+    fn insert_free(&mut self, s: usize, l: usize) {
+        if l > 0 {
+            self.by_addr.insert(s, l);
+            self.by_size.insert((l, s));
+        }
+    }
+
+    fn remove_free(&mut self, s: usize, l: usize) {
+        self.by_addr.remove(&s);
+        self.by_size.remove(&(l, s));
+    }
+
+    /// Hand out `len` bytes (page multiple) aligned to `align` (a power of two, at least a
+    /// page) from the direct part.
+    pub fn alloc(&mut self, len: usize, align: usize) -> Option<usize> {
+        let mut fit = None;
+        for &(fl, fs) in self.by_size.range((len, 0)..).take(64) {
+            let a = align_up(fs, align);
+            if a + len <= fs + fl {
+                fit = Some((fs, fl, a));
+                break;
+            }
+        }
+        if let Some((fs, fl, a)) = fit {
+            self.remove_free(fs, fl);
+            self.insert_free(fs, a - fs);
+            self.insert_free(a + len, fs + fl - (a + len));
+            return Some(a);
+        }
+        let a = align_up(self.top, align);
+        if a.checked_add(len)? > self.end {
+            return None;
+        }
+        if let Err(e) = self.ensure_usable(a, len) {
+            tracing::error!("{e}");
+            return None;
+        }
+        let old_top = self.top;
+        self.top = a + len;
+        self.insert_free(old_top, a - old_top);
+        Some(a)
+    }
+
+    /// Take back `[a, a+len)` (already discarded by the caller). Parts already free are
+    /// left as they are, so a repeated `munmap` cannot hand a range out twice.
+    pub fn release(&mut self, a: usize, len: usize) {
+        let (mut s, mut e) = (a, a + len);
+        while let Some((&fs, &fl)) = self.by_addr.range(..=e).next_back() {
+            if fs + fl < s {
+                break;
+            }
+            self.remove_free(fs, fl);
+            s = s.min(fs);
+            e = e.max(fs + fl);
+        }
+        if e >= self.top {
+            // The end of the used space: lower the high-water mark instead (the chunks
+            // stay registered and are reused first).
+            self.top = s;
+        } else {
+            self.insert_free(s, e - s);
+        }
+    }
+
+    /// Grow `[a, a+old)` to `new` bytes in place if the following range is free.
+    pub fn grow_in_place(&mut self, a: usize, old: usize, new: usize) -> bool {
+        let (from, to) = (a + old, a + new);
+        if from == self.top {
+            if to > self.end || self.ensure_usable(from, to - from).is_err() {
+                return false;
+            }
+            self.top = to;
+            return true;
+        }
+        let Some((&fs, &fl)) = self.by_addr.range(..=from).next_back() else {
+            return false;
+        };
+        if fs != from {
+            return false; // `from` is in use (free ranges never start inside another)
+        }
+        if fs + fl >= to {
+            self.remove_free(fs, fl);
+            self.insert_free(to, fs + fl - to);
+            true
+        } else if fs + fl == self.top
+            && to <= self.end
+            && self.ensure_usable(from, to - from).is_ok()
+        {
+            self.remove_free(fs, fl);
+            self.top = to;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Drop the contents of `[a, a+len)` (page-aligned) so that it reads as zeros.
+pub fn discard(rt: Option<&Runtime>, a: usize, len: usize) {
+    match rt {
+        Some(rt) => {
+            rt.discard(a, len);
+        }
+        None => {
+            // SAFETY: the range is the caller's to drop (a free or an madvise of its own).
+            let _ = unsafe { mem::sys_madvise(a, len, libc::MADV_DONTNEED) };
+        }
+    }
+}
+
+/// The runtime, cloned out of the lock (None in a forked child or before init).
+pub fn runtime() -> Option<Runtime> {
+    SPACE.lock().as_ref().and_then(|s| s.rt.clone())
+}
+
+pub fn page_round(len: usize) -> usize {
+    align_up(len, PAGE_SIZE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn space(base: usize) -> Space {
+        Space {
+            base,
+            end: base + 4 * 64 * CHUNK,
+            rt: None,
+            chunks: Vec::new(),
+            registered: vec![u64::MAX; 4],
+            by_addr: BTreeMap::new(),
+            by_size: BTreeSet::new(),
+            top: base,
+            large: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn ranges_are_reused_coalesced_and_never_handed_out_twice() {
+        let base = 1 << 30;
+        let mut s = space(base);
+        let a = s.alloc(4 * PAGE_SIZE, PAGE_SIZE).unwrap();
+        let b = s.alloc(8 * PAGE_SIZE, PAGE_SIZE).unwrap();
+        let c = s.alloc(4 * PAGE_SIZE, PAGE_SIZE).unwrap();
+        assert_eq!(
+            (a, b, c),
+            (base, base + 4 * PAGE_SIZE, base + 12 * PAGE_SIZE)
+        );
+        s.release(b, 8 * PAGE_SIZE);
+        s.release(b, 8 * PAGE_SIZE); // repeated munmap
+        assert_eq!(s.alloc(2 * PAGE_SIZE, PAGE_SIZE), Some(b)); // best fit reuses the hole
+        s.release(a, 4 * PAGE_SIZE);
+        s.release(b, 2 * PAGE_SIZE);
+        // a..c is one free range now.
+        assert_eq!(s.by_addr.get(&a), Some(&(12 * PAGE_SIZE)));
+        assert!(s.grow_in_place(c, 4 * PAGE_SIZE, 16 * PAGE_SIZE)); // at the top
+        assert!(!s.grow_in_place(a, 12 * PAGE_SIZE, 13 * PAGE_SIZE) && s.by_addr.len() == 1);
+        let d = s.alloc(PAGE_SIZE, 16 * PAGE_SIZE).unwrap();
+        assert_eq!(d % (16 * PAGE_SIZE), 0);
+        s.release(c, 16 * PAGE_SIZE);
+        assert!(s.top <= c);
+    }
+}
