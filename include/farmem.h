@@ -39,7 +39,7 @@ struct fm_guard {
 extern const struct fm_guard fm_guard __attribute__((weak));
 
 /* Out-of-line part of a hint: fetch/unprotect what the inline check found missing. */
-void fm_hint_slow(const void *addr, size_t len, unsigned flags, int rdahead, int ev_prio)
+void fm_hint_slow(const void *addr, size_t len, unsigned flags, int readahead, int ev_prio)
     __attribute__((weak));
 
 /* Statistics of the process-wide runtime (all counters since start). */
@@ -86,9 +86,9 @@ const char *fm_last_error(void);
 /* Hints compiled out: nothing is checked and the runtime is never called. */
 static inline void fm_hint(const void *addr) { (void)addr; }
 static inline void fm_hint_write(const void *addr) { (void)addr; }
-static inline void fm_hint_ex(const void *addr, size_t len, unsigned flags, int rdahead,
+static inline void fm_hint_ex(const void *addr, size_t len, unsigned flags, int readahead,
                               int ev_prio) {
-    (void)addr, (void)len, (void)flags, (void)rdahead, (void)ev_prio;
+    (void)addr, (void)len, (void)flags, (void)readahead, (void)ev_prio;
 }
 #else
 /* The next access to addr reads it. */
@@ -104,15 +104,15 @@ static inline __attribute__((always_inline)) void fm_hint_write(const void *addr
 }
 
 /* Extended hint: len bytes from addr will be accessed (FM_WRITE: written); also read ahead up
- * to rdahead absent pages after the range (before it if negative); pages fetched get eviction
+ * to readahead absent pages after the range (before it if negative); pages fetched get eviction
  * priority ev_prio (0..7, higher evicted first by policies that use it). */
 static inline __attribute__((always_inline)) void fm_hint_ex(const void *addr, size_t len,
-                                                             unsigned flags, int rdahead,
+                                                             unsigned flags, int readahead,
                                                              int ev_prio) {
     uint64_t bit = FM__IDLE | ((flags & FM_WRITE) ? FM__NOWRITE : FM__ABSENT);
     if (FM__NEEDS(addr, bit) ||
         (len > 4096u - ((uintptr_t)(addr) & 4095u) && &fm_guard != 0))
-        fm_hint_slow(addr, len, flags, rdahead, ev_prio);
+        fm_hint_slow(addr, len, flags, readahead, ev_prio);
 }
 #endif /* FARMEM_NO_HINTS */
 

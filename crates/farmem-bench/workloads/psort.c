@@ -16,7 +16,7 @@
 
 #define MAX_THREADS 64
 #define SMALL 24 /* insertion sort below this */
-#define RDAHEAD 31
+#define READAHEAD 31
 #define HINT_MIN (1u << 16) /* hint partitions of parts this long (512 KiB) or longer */
 
 static uint64_t *in, *out;
@@ -102,7 +102,7 @@ static uint64_t lower_bound(const uint64_t *a, uint64_t len, uint64_t v) {
 
 /* The merge streams through k input runs and one output range: fetch each page with
  * read-ahead just before a run (or the output) enters it, instead of faulting on it. */
-static inline void hint_in(const uint64_t *p) { fm_hint_ex(p, 8, FM_SEQ, RDAHEAD, 0); }
+static inline void hint_in(const uint64_t *p) { fm_hint_ex(p, 8, FM_SEQ, READAHEAD, 0); }
 static inline void hint_out(uint64_t *p) { fm_hint_ex(p, PAGE, FM_WRITE | FM_SEQ, 16, 0); }
 
 /* k-way merge of segment j (the elements in [splitter j, splitter j+1) of every run). */

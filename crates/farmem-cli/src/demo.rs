@@ -79,7 +79,7 @@ pub fn run(a: Args) -> Result<()> {
             farmem_runtime::hint_ex(unsafe { p.add(w) }, 8, farmem_runtime::FM_SEQ, 63, 0);
         }
     });
-    report("verify (hinted, rdahead 63)", pages, t);
+    report("verify (hinted, readahead 63)", pages, t);
 
     let s = rt.stats();
     println!("{s}");

@@ -44,7 +44,7 @@ impl Default for Book {
 
 impl Book {
     fn mine(&self) -> &Mutex<Queue> {
-        &self.shards[crate::fetch::owner_id() as usize % SHARDS].0
+        &self.shards[crate::page::table::owner_id() as usize % SHARDS].0
     }
 
     /// Pages `vpns` were installed with priority `prio`, by a fetch that took `ns`

@@ -1,100 +1,12 @@
 //! Runtime configuration: one struct, sensible defaults, overridable from the environment so
 //! that `farmem run` (and any launcher) can pass settings down to a preloaded library.
 
-use std::time::Duration;
-
-use crate::error::{Error, Result};
-use farmem_proto::auth::Secret;
-use farmem_proto::valid_tenant;
 use farmem_sys::mem::{physical_memory, PAGE_SIZE};
 
-/// Which far-memory backend to use.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum BackendSpec {
-    /// Pages kept in this process, outside the regions (the embedded default).
-    Local { lz4: bool },
-    /// A `farmem server` over TCP.
-    Tcp(TcpSpec),
-}
-
-/// Where a TCP backend connects and how it authenticates.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TcpSpec {
-    /// `host:port` of the server.
-    pub addr: String,
-    /// Tenant name (from `tcp://tenant@host:port`, else `FARMEM_TENANT`, else `default`).
-    pub tenant: String,
-    /// The secret; `None` means: from `FARMEM_TOKEN`, else from the file `FARMEM_TOKEN_FILE`.
-    pub token: Option<Secret>,
-    /// How long to keep trying to reconnect after the server is lost before stopping the
-    /// program (`FARMEM_RECONNECT_S`, default 30 s).
-    pub reconnect_window: Duration,
-}
-
-impl TcpSpec {
-    pub fn url(&self) -> String {
-        format!("tcp://{}@{}", self.tenant, self.addr)
-    }
-}
-
-impl BackendSpec {
-    /// Parse `local://`, `local+lz4://` (or without `://`), or `tcp://[tenant@]host:port`.
-    pub fn parse(s: &str) -> Result<BackendSpec> {
-        let s = s.trim();
-        if let Some(rest) = s.strip_prefix("tcp://") {
-            return parse_tcp(rest).map(BackendSpec::Tcp);
-        }
-        match s.trim_end_matches("://") {
-            "" | "local" => Ok(BackendSpec::Local { lz4: false }),
-            "local+lz4" => Ok(BackendSpec::Local { lz4: true }),
-            other => Err(Error::Config(format!(
-                "unknown backend '{other}': expected local://, local+lz4:// or \
-                 tcp://[tenant@]host:port"
-            ))),
-        }
-    }
-}
-
-fn parse_tcp(rest: &str) -> Result<TcpSpec> {
-    let bad = |why: &str| {
-        Error::Config(format!(
-            "backend 'tcp://{rest}': {why} (expected tcp://[tenant@]host:port)"
-        ))
-    };
-    let (tenant, addr) = match rest.split_once('@') {
-        Some((t, a)) => (Some(t.to_string()), a),
-        None => (None, rest),
-    };
-    let addr = addr.trim_end_matches('/');
-    let (host, port) = addr.rsplit_once(':').ok_or_else(|| bad("no port"))?;
-    if host.is_empty() {
-        return Err(bad("no host"));
-    }
-    port.parse::<u16>()
-        .ok()
-        .filter(|&p| p != 0)
-        .ok_or_else(|| bad("invalid port"))?;
-    let tenant = tenant
-        .or_else(|| env("FARMEM_TENANT"))
-        .unwrap_or_else(|| "default".into());
-    if !valid_tenant(&tenant) {
-        return Err(bad(&format!(
-            "tenant '{tenant}' must be 1-64 characters of A-Z a-z 0-9 . _ -"
-        )));
-    }
-    let reconnect_s: f64 = env_num("FARMEM_RECONNECT_S")?.unwrap_or(30.0);
-    if !(0.0..=86400.0).contains(&reconnect_s) {
-        return Err(Error::Config(format!(
-            "FARMEM_RECONNECT_S={reconnect_s} must be between 0 and 86400"
-        )));
-    }
-    Ok(TcpSpec {
-        addr: addr.to_string(),
-        tenant,
-        token: None,
-        reconnect_window: Duration::from_secs_f64(reconnect_s),
-    })
-}
+use crate::backend::spec::BackendSpec;
+pub use crate::env::parse_budget;
+use crate::env::{env, env_num};
+use crate::error::{Error, Result};
 
 /// Reclaim policies available (one module each under `policy/`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,8 +52,9 @@ pub struct Config {
     /// (`FARMEM_FAULT_READAHEAD`, default 256; 0 disables). A window only grows this far
     /// while faults keep following it.
     pub fault_readahead: usize,
-    /// Largest `rdahead` a hint may ask for, in pages (`FARMEM_MAX_RDAHEAD`, default 256).
-    pub max_rdahead: usize,
+    /// Largest read-ahead a hint may ask for, in pages (`FARMEM_MAX_READAHEAD`, default 256;
+    /// the older name `FARMEM_MAX_RDAHEAD` is still read).
+    pub max_readahead: usize,
     /// Read-ahead windows kept in flight ahead of a sequential hint (`FM_SEQ` with forward
     /// read-ahead), fetched asynchronously (`FARMEM_HINT_PIPELINE`, default 2; 0: off).
     pub hint_pipeline: usize,
@@ -176,7 +89,7 @@ impl Default for Config {
             free_pct: 1.0,
             policy: PolicyKind::Fifo,
             fault_readahead: 256,
-            max_rdahead: 256,
+            max_readahead: 256,
             hint_pipeline: 2,
             fault_threads: 1,
             fault_spin_us: 50,
@@ -184,43 +97,6 @@ impl Default for Config {
             prefetch_deadline_us: 20_000,
             stats_at_exit: false,
         }
-    }
-}
-
-/// Parse a size (`4096`, `512M`, `2G`; see [`farmem_proto::size`]).
-fn parse_size(s: &str) -> Result<u64> {
-    farmem_proto::size::parse_size(s).map_err(|e| Error::Config(e.to_string()))
-}
-
-/// Parse a budget: a size, or a percentage of physical memory (`25%`).
-pub fn parse_budget(s: &str) -> Result<u64> {
-    if let Some(p) = s.trim().strip_suffix('%') {
-        let pct: f64 = p
-            .trim()
-            .parse()
-            .map_err(|_| Error::Config(format!("invalid percentage '{s}'")))?;
-        if !(0.0..=100.0).contains(&pct) || pct == 0.0 {
-            return Err(Error::Config(format!(
-                "percentage '{s}' must be in (0, 100]"
-            )));
-        }
-        return Ok((physical_memory() as f64 * pct / 100.0) as u64);
-    }
-    parse_size(s)
-}
-
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
-}
-
-fn env_num<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
-    match env(name) {
-        None => Ok(None),
-        Some(v) => v
-            .trim()
-            .parse()
-            .map(Some)
-            .map_err(|_| Error::Config(format!("{name}='{v}' is not a valid number"))),
     }
 }
 
@@ -246,8 +122,9 @@ impl Config {
         if let Some(v) = env_num("FARMEM_FAULT_READAHEAD")? {
             c.fault_readahead = v;
         }
-        if let Some(v) = env_num("FARMEM_MAX_RDAHEAD")? {
-            c.max_rdahead = v;
+        // One spelling, read-ahead; the variable's first name still works.
+        if let Some(v) = env_num("FARMEM_MAX_READAHEAD")?.or(env_num("FARMEM_MAX_RDAHEAD")?) {
+            c.max_readahead = v;
         }
         if let Some(v) = env_num("FARMEM_HINT_PIPELINE")? {
             c.hint_pipeline = v;
@@ -307,7 +184,7 @@ impl Config {
                 self.hint_pipeline
             )));
         }
-        if self.max_rdahead > 4096 || self.fault_readahead > 4096 {
+        if self.max_readahead > 4096 || self.fault_readahead > 4096 {
             return Err(Error::Config(
                 "read-ahead windows are limited to 4096 pages".into(),
             ));
@@ -341,48 +218,6 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse() {
-        assert_eq!(parse_budget("512M").unwrap(), 512 << 20);
-        assert!(parse_budget("lots").is_err());
-        assert!(parse_budget("0%").is_err());
-        assert!(parse_budget("25%").unwrap() > 0);
-    }
-
-    #[test]
-    fn backends_parse() {
-        assert_eq!(
-            BackendSpec::parse("local://").unwrap(),
-            BackendSpec::Local { lz4: false }
-        );
-        assert_eq!(
-            BackendSpec::parse("local+lz4://").unwrap(),
-            BackendSpec::Local { lz4: true }
-        );
-        assert!(BackendSpec::parse("nfs://x").is_err());
-        let BackendSpec::Tcp(t) = BackendSpec::parse("tcp://alice@127.0.0.1:7070").unwrap() else {
-            panic!("not tcp")
-        };
-        assert_eq!(
-            (t.tenant.as_str(), t.addr.as_str()),
-            ("alice", "127.0.0.1:7070")
-        );
-        assert_eq!(t.url(), "tcp://alice@127.0.0.1:7070");
-        let BackendSpec::Tcp(t) = BackendSpec::parse("tcp://[::1]:9/").unwrap() else {
-            panic!("not tcp")
-        };
-        assert_eq!(t.addr, "[::1]:9");
-        for bad in [
-            "tcp://host",
-            "tcp://:80",
-            "tcp://h:0",
-            "tcp://h:x",
-            "tcp://a b@h:1",
-        ] {
-            assert!(BackendSpec::parse(bad).is_err(), "{bad}");
-        }
-    }
 
     #[test]
     fn tiny_budget_rejected() {

@@ -4,22 +4,25 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::fetch::owner_id;
-use crate::page_table::{self as pt, ABSENT, FRESH, LOCKED};
-use crate::runtime::Inner;
-use crate::stats::add;
 use farmem_sys::mem::{PAGE_SHIFT, PAGE_SIZE};
+
+use crate::fetch::readahead;
+use crate::page::table::{self, owner_id};
+use crate::page::word::PageWord;
+use crate::scope::RuntimeScope;
+use crate::state::State;
+use crate::stats::add;
 
 /// Pages locked at once: bounds how long other threads can find a page of the range locked
 /// and how large the list of present pages grows.
 const STEP: usize = 4096;
 
 /// Discard `[first, end)` (virtual page numbers), which must lie inside live regions of
-/// `inner`. Returns the number of pages that were local.
-pub(crate) fn discard_pages(inner: &Inner, first: usize, end: usize) -> usize {
-    let _scope = crate::scope::RuntimeScope::enter();
+/// `st`. Returns the number of pages that were local.
+pub(crate) fn discard_pages(st: &State, first: usize, end: usize) -> usize {
+    let _scope = RuntimeScope::enter();
     // Read-ahead in flight holds pages of the range locked: finish it first.
-    crate::prefetch::complete_range(inner, first, end);
+    readahead::complete_range(st, first, end);
     let me = owner_id();
     let mut dropped = 0;
     let mut start = first;
@@ -28,20 +31,14 @@ pub(crate) fn discard_pages(inner: &Inner, first: usize, end: usize) -> usize {
         let mut locked = Vec::with_capacity(stop - start);
         let mut present: Vec<(usize, usize)> = Vec::new();
         for vpn in start..stop {
-            let w = pt::entry(vpn);
             // Wait for a fetch or eviction in progress: its owner finishes it and then the
             // page is ours to reset. Pages are locked in ascending order, like every other
             // multi-page locker, so this cannot deadlock.
-            let old = loop {
-                match pt::try_lock(w, me) {
-                    Ok(old) => break Some(old),
-                    Err(cur) if cur & LOCKED != 0 => pt::wait_unlocked(w, 1000),
-                    Err(_) => break None, // not registered
-                }
+            let Some(old) = table::slot(vpn).lock_waiting(me) else {
+                continue; // not registered
             };
-            let Some(old) = old else { continue };
             locked.push(vpn);
-            if old & ABSENT == 0 {
+            if old.is_present() {
                 let a = vpn << PAGE_SHIFT;
                 match present.last_mut() {
                     Some((s, l)) if *s + *l == a => *l += PAGE_SIZE,
@@ -53,8 +50,8 @@ pub(crate) fn discard_pages(inner: &Inner, first: usize, end: usize) -> usize {
         // while still mapped would keep its old contents.
         let n_present: usize = present.iter().map(|(_, l)| l / PAGE_SIZE).sum();
         if !present.is_empty() {
-            match inner.unmapper.dontneed(&present) {
-                Ok(calls) => add(&inner.stats.c.unmap_syscalls, calls as u64),
+            match st.unmapper.dontneed(&present) {
+                Ok(calls) => add(&st.stats.c.unmap_syscalls, calls as u64),
                 Err(e) => {
                     farmem_sys::process::fatal(&format!("dropping discarded pages failed: {e}"))
                 }
@@ -63,14 +60,14 @@ pub(crate) fn discard_pages(inner: &Inner, first: usize, end: usize) -> usize {
         // Stale entries of these pages in the reclaim policy are dropped when reached (the
         // reclaimer forgets pages it finds absent), which is cheaper than searching for them.
         for vpn in locked {
-            pt::unlock(pt::entry(vpn), FRESH);
+            table::slot(vpn).unlock(PageWord::FRESH);
         }
         if n_present > 0 {
-            inner.resident.fetch_sub(n_present, Ordering::AcqRel);
+            st.resident.fetch_sub(n_present, Ordering::AcqRel);
         }
         dropped += n_present;
         start = stop;
     }
-    add(&inner.stats.c.pages_discarded, (end - first) as u64);
+    add(&st.stats.c.pages_discarded, (end - first) as u64);
     dropped
 }

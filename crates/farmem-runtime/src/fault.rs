@@ -9,7 +9,7 @@
 //! with a window that doubles while they hold, like the kernel's swap read-ahead, and a
 //! majority vote when runs fail). Runs of stride ±1 are fetched with the demanded page;
 //! other strides are read asynchronously in the prefetch class once the demanded page is in
-//! (`prefetch::submit_pages`).
+//! (`fetch::readahead::submit_pages`).
 
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
@@ -17,13 +17,18 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::fetch::{self, Mode, Request};
-use crate::predict::{Prediction, Predictor};
-use crate::prefetch;
-use crate::runtime::Inner;
-use crate::stats::add;
 use farmem_sys::mem::{PAGE_SHIFT, PAGE_SIZE};
-use farmem_sys::uffd::{UffdMsg, EVENT_PAGEFAULT, PAGEFAULT_FLAG_WP, PAGEFAULT_FLAG_WRITE};
+use farmem_sys::uffd::{Event, UffdMsg};
+
+use crate::fault_log::{self, FaultKind, FaultRecord};
+use crate::fetch::demand;
+use crate::fetch::phases::prefetch_deadline;
+use crate::fetch::readahead;
+use crate::fetch::request::{Mode, Request};
+use crate::page::table;
+use crate::predict::{Prediction, Predictor};
+use crate::state::State;
+use crate::stats::add;
 
 #[derive(Clone, Copy, Debug)]
 struct Fault {
@@ -45,20 +50,18 @@ pub(crate) struct FaultServer {
 /// Record a fault for `farmem trace`, with what it needs (read off the page's word now,
 /// before it is served).
 fn log_fault(f: &Fault) {
-    use crate::fault_log::{FaultKind, FaultRecord};
-    use crate::page_table::{ABSENT, REMOTE};
-    let w = crate::page_table::entry(f.addr >> PAGE_SHIFT).load(Ordering::Acquire);
+    let w = table::slot(f.addr >> PAGE_SHIFT).load();
     let kind = if f.wp {
         FaultKind::WriteProtect
-    } else if w & ABSENT == 0 {
+    } else if w.is_present() {
         FaultKind::Resolved
-    } else if w & REMOTE != 0 {
+    } else if w.has_far_copy() {
         FaultKind::Fetch
     } else {
         FaultKind::ZeroFill
     };
-    crate::fault_log::record(FaultRecord {
-        time_ns: crate::fault_log::monotonic_ns(),
+    fault_log::record(FaultRecord {
+        time_ns: fault_log::monotonic_ns(),
         tid: f.tid,
         kind,
         write: f.write,
@@ -72,13 +75,13 @@ impl FaultServer {
             msgs: vec![UffdMsg::default(); 64],
             pending: VecDeque::new(),
             predictor: None,
-            logging: crate::fault_log::enabled(),
+            logging: fault_log::enabled(),
         }
     }
 
     /// Read what is pending on the userfaultfd and serve it. Returns events read.
-    fn poll_events(&mut self, inner: &Inner) -> usize {
-        let n = match inner.uffd.read_events(&mut self.msgs) {
+    fn poll_events(&mut self, st: &State) -> usize {
+        let n = match st.uffd.read_events(&mut self.msgs) {
             Ok(n) => n,
             Err(e) => {
                 tracing::error!("reading userfaultfd: {e}");
@@ -86,21 +89,26 @@ impl FaultServer {
             }
         };
         for i in 0..n {
-            let m = self.msgs[i];
-            if m.event != EVENT_PAGEFAULT {
+            let Event::PageFault {
+                addr,
+                write,
+                wp,
+                tid,
+            } = self.msgs[i].event()
+            else {
                 continue;
-            }
-            let f = Fault {
-                addr: m.address as usize & !(PAGE_SIZE - 1),
-                write: m.flags & PAGEFAULT_FLAG_WRITE != 0,
-                wp: m.flags & PAGEFAULT_FLAG_WP != 0,
-                tid: m.ptid,
             };
-            add(&inner.stats.c.unhinted_faults, 1);
+            let f = Fault {
+                addr: addr & !(PAGE_SIZE - 1),
+                write,
+                wp,
+                tid,
+            };
+            add(&st.stats.c.unhinted_faults, 1);
             if self.logging {
                 log_fault(&f);
             }
-            if !self.serve(inner, f) {
+            if !self.serve(st, f) {
                 self.pending.push_back(f);
             }
         }
@@ -108,31 +116,30 @@ impl FaultServer {
     }
 
     /// Retry parked faults once each.
-    fn retry_pending(&mut self, inner: &Inner) {
+    fn retry_pending(&mut self, st: &State) {
         for _ in 0..self.pending.len() {
             let f = self.pending.pop_front().expect("pending fault");
-            if !self.serve(inner, f) {
+            if !self.serve(st, f) {
                 self.pending.push_back(f);
             }
         }
     }
 
     /// Serve one fault; false if a page it needs is locked by someone else.
-    fn serve(&mut self, inner: &Inner, f: Fault) -> bool {
-        let Some(reg) = inner.region_of(f.addr) else {
+    fn serve(&mut self, st: &State, f: Fault) -> bool {
+        let Some(reg) = st.region_of(f.addr) else {
             // Region destroyed meanwhile (unregistering woke the thread already).
             return true;
         };
         let vpn = f.addr >> PAGE_SHIFT;
-        let absent =
-            crate::page_table::entry(vpn).load(Ordering::Acquire) & crate::page_table::ABSENT != 0;
+        let absent = table::slot(vpn).load().is_absent();
         let prediction = if absent && !f.wp {
             let predictor = self
                 .predictor
-                .get_or_insert_with(|| Predictor::new(inner.cfg.fault_readahead));
-            let p = predictor.on_fault_at(reg.id, f.tid, vpn, inner.now_ns());
+                .get_or_insert_with(|| Predictor::new(st.cfg.fault_readahead));
+            let p = predictor.on_fault_at(reg.id, f.tid, vpn, st.now_ns());
             let t = predictor.take_tally();
-            let c = &inner.stats.c;
+            let c = &st.stats.c;
             add(&c.fault_predicted_pages, t.predicted);
             add(&c.fault_prefetch_used, t.used);
             add(&c.fault_prefetch_wasted, t.wasted);
@@ -140,37 +147,37 @@ impl FaultServer {
         } else {
             None
         };
-        let rdahead = prediction.map_or(0, |p| readahead_for(vpn, &p));
+        let readahead = prediction.map_or(0, |p| readahead_for(vpn, &p));
         let req = Request {
             first: vpn,
             count: 1,
             write: f.write,
-            rdahead,
-            ra_write: f.write,
+            readahead,
+            readahead_writable: f.write,
             prio: 0,
             mode: Mode::Fault,
-            ahead_useful_for: prediction.and_then(|p| p.useful_for(vpn)),
+            readahead_useful_for: prediction.and_then(|p| p.useful_for(vpn)),
         };
-        match fetch::ensure(inner, &reg, &req) {
+        match demand::ensure(st, &reg, &req) {
             Ok(o) if o.busy => false,
             Ok(o) => {
                 if o.unprotected > 0 {
-                    add(&inner.stats.c.wp_faults, o.unprotected as u64);
+                    add(&st.stats.c.wp_faults, o.unprotected as u64);
                 }
                 if o.installed == 0 && o.unprotected == 0 {
                     // Someone else resolved it; make sure the faulting thread runs again.
-                    add(&inner.stats.c.spurious_faults, 1);
-                    let _ = inner.uffd.wake(f.addr, PAGE_SIZE);
+                    add(&st.stats.c.spurious_faults, 1);
+                    let _ = st.uffd.wake(f.addr, PAGE_SIZE);
                 }
                 // Strided predictions: read asynchronously, after the demanded page is in.
-                if let Some(p) = prediction.filter(|_| rdahead == 0) {
+                if let Some(p) = prediction.filter(|_| readahead == 0) {
                     let mut pages: Vec<usize> = p
                         .pages()
                         .filter(|&v| v >= reg.first_vpn() && v < reg.end_vpn())
                         .collect();
                     pages.sort_unstable();
-                    let useful_for = fetch::prefetch_deadline(inner, p.useful_for(vpn));
-                    prefetch::submit_pages(inner, &reg, pages, 0, useful_for);
+                    let useful_for = prefetch_deadline(st, p.useful_for(vpn));
+                    readahead::submit_pages(st, &reg, pages, 0, useful_for);
                 }
                 true
             }
@@ -182,15 +189,15 @@ impl FaultServer {
     }
 
     /// Serve events on behalf of a busy fault thread (control thread).
-    pub(crate) fn steal(&mut self, inner: &Inner) {
+    pub(crate) fn steal(&mut self, st: &State) {
         loop {
-            let n = self.poll_events(inner);
-            add(&inner.stats.c.stolen_faults, n as u64);
-            self.retry_pending(inner);
+            let n = self.poll_events(st);
+            add(&st.stats.c.stolen_faults, n as u64);
+            self.retry_pending(st);
             if n == 0 && self.pending.is_empty() {
                 break;
             }
-            if inner.shutdown.load(Ordering::Acquire) {
+            if st.shutdown.load(Ordering::Acquire) {
                 break;
             }
         }
@@ -198,31 +205,29 @@ impl FaultServer {
 }
 
 /// Main loop of a fault thread.
-pub(crate) fn fault_thread(inner: Arc<Inner>) {
+pub(crate) fn run(st: Arc<State>) {
     let mut server = FaultServer::new();
-    let spin = std::time::Duration::from_micros(inner.cfg.fault_spin_us);
+    let spin = std::time::Duration::from_micros(st.cfg.fault_spin_us);
     let mut last_event = Instant::now();
     let mut fds = [
         libc::pollfd {
-            fd: inner.uffd.raw(),
+            fd: st.uffd.raw(),
             events: libc::POLLIN,
             revents: 0,
         },
         libc::pollfd {
-            fd: inner.wake_fd.as_raw_fd(),
+            fd: st.wake_fd.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         },
     ];
-    while !inner.shutdown.load(Ordering::Acquire) {
-        inner
-            .fault_busy_since
-            .store(inner.now_ns(), Ordering::Release);
-        let n = server.poll_events(&inner);
-        server.retry_pending(&inner);
+    while !st.shutdown.load(Ordering::Acquire) {
+        st.fault_busy_since.store(st.now_ns(), Ordering::Release);
+        let n = server.poll_events(&st);
+        server.retry_pending(&st);
         // Prefetches that have arrived are mapped now, before the program reaches them.
-        prefetch::complete_arrived(&inner);
-        inner.fault_busy_since.store(0, Ordering::Release);
+        readahead::complete_arrived(&st);
+        st.fault_busy_since.store(0, Ordering::Release);
         if n > 0 {
             last_event = Instant::now();
             continue;
@@ -238,7 +243,7 @@ pub(crate) fn fault_thread(inner: Arc<Inner>) {
         }
         // SAFETY: `fds` is a valid array of two pollfd structs.
         unsafe { libc::poll(fds.as_mut_ptr(), 2, 1000) };
-        if fds[0].revents & libc::POLLNVAL != 0 && !inner.shutdown.load(Ordering::Acquire) {
+        if fds[0].revents & libc::POLLNVAL != 0 && !st.shutdown.load(Ordering::Acquire) {
             // The program closed our userfaultfd (daemons that close every descriptor do):
             // the kernel now fills far pages with zeros. Stopping is the only honest choice.
             farmem_sys::process::fatal(

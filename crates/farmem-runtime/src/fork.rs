@@ -16,26 +16,23 @@
 //! `posix_spawn` and `vfork` (what `system()` and most `subprocess` calls use) do not run
 //! fork handlers and cost nothing.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Once};
 
 use parking_lot::lock_api::RawRwLock as _;
 use parking_lot::Mutex;
 
-use crate::fetch::{self, Mode, Request};
-use crate::page_table::{self as pt, ABSENT, EVER_WRITTEN, REMOTE};
-use crate::runtime::{self, Inner};
+use crate::fetch::demand;
+use crate::fetch::readahead;
+use crate::fetch::request::{Mode, Request};
+use crate::page::table;
+use crate::registry::{self, in_child};
+use crate::scope::RuntimeScope;
+use crate::state::State;
 use crate::stats::add;
 
-static IN_CHILD: AtomicBool = AtomicBool::new(false);
-
 /// Runtimes paused by the prepare handler, resumed by the parent handler.
-static PAUSED: Mutex<Vec<Arc<Inner>>> = Mutex::new(Vec::new());
-
-/// Whether this process is a child forked from a process that had far memory.
-pub fn in_child() -> bool {
-    IN_CHILD.load(Ordering::Relaxed)
-}
+static PAUSED: Mutex<Vec<Arc<State>>> = Mutex::new(Vec::new());
 
 /// Install the fork handlers (once per process).
 pub(crate) fn install_handlers() {
@@ -58,14 +55,14 @@ fn no_unwind(what: &str, f: impl FnOnce()) {
 }
 
 extern "C" fn prepare() {
-    let _scope = crate::scope::RuntimeScope::enter();
+    let _scope = RuntimeScope::enter();
     no_unwind("prepare", || {
         if in_child() {
             return; // a child of a child: nothing is far here
         }
-        let runtimes = runtime::live_runtimes();
-        for inner in &runtimes {
-            pause(inner);
+        let runtimes = registry::live_runtimes();
+        for st in &runtimes {
+            pause(st);
         }
         *PAUSED.lock() = runtimes;
     })
@@ -73,28 +70,28 @@ extern "C" fn prepare() {
 
 extern "C" fn parent() {
     no_unwind("parent", || {
-        for inner in PAUSED.lock().drain(..) {
-            resume(&inner);
+        for st in PAUSED.lock().drain(..) {
+            resume(&st);
         }
     })
 }
 
 extern "C" fn child() {
-    IN_CHILD.store(true, Ordering::Relaxed);
+    registry::enter_child();
     // The paused runtimes stay paused (their threads do not exist here); their locks are
     // never taken again in this process.
     std::mem::forget(std::mem::take(&mut *PAUSED.lock()));
 }
 
 /// Stop reclaim, wait for the batch in flight, and bring every far page back.
-fn pause(inner: &Arc<Inner>) {
-    inner.reclaim_paused.store(true, Ordering::SeqCst);
+fn pause(st: &Arc<State>) {
+    st.reclaim_paused.store(true, Ordering::SeqCst);
     // Waits for the eviction batches in progress (they hold the gate shared).
     // SAFETY: taking the raw lock without a guard; `resume` (parent) releases it on this
     // same thread, and in the child it is never touched again.
-    unsafe { inner.evict_gate.raw() }.lock_exclusive();
-    crate::prefetch::complete_range(inner, 0, usize::MAX);
-    let regions: Vec<_> = inner.regions.read().values().copied().collect();
+    unsafe { st.evict_gate.raw() }.lock_exclusive();
+    readahead::complete_range(st, 0, usize::MAX);
+    let regions = st.regions.all();
     let mut fetched = 0u64;
     for reg in regions {
         let mut vpn = reg.first_vpn();
@@ -107,17 +104,8 @@ fn pause(inner: &Arc<Inner>) {
             while vpn < reg.end_vpn() && vpn - start < 256 && is_far(vpn) {
                 vpn += 1;
             }
-            let req = Request {
-                first: start,
-                count: vpn - start,
-                write: false,
-                rdahead: 0,
-                ra_write: false,
-                prio: 0,
-                mode: Mode::Hint,
-                ahead_useful_for: None,
-            };
-            match fetch::ensure(inner, &reg, &req) {
+            let req = Request::demand(start, vpn - start, false, Mode::Hint);
+            match demand::ensure(st, &reg, &req) {
                 Ok(o) => fetched += o.installed as u64,
                 Err(e) => farmem_sys::process::fatal(&format!(
                     "fork: bringing far pages back for the child failed: {e}"
@@ -125,19 +113,18 @@ fn pause(inner: &Arc<Inner>) {
             }
         }
     }
-    add(&inner.stats.c.fork_fetched_pages, fetched);
+    add(&st.stats.c.fork_fetched_pages, fetched);
 }
 
 /// A page whose contents exist only in far memory.
 fn is_far(vpn: usize) -> bool {
-    let w = pt::entry(vpn).load(Ordering::Acquire);
-    w & ABSENT != 0 && w & (REMOTE | EVER_WRITTEN) != 0
+    table::slot(vpn).load().is_far()
 }
 
-fn resume(inner: &Arc<Inner>) {
-    inner.reclaim_paused.store(false, Ordering::SeqCst);
+fn resume(st: &Arc<State>) {
+    st.reclaim_paused.store(false, Ordering::SeqCst);
     // SAFETY: `pause` took the gate exclusively on this thread (the one that forked) and
     // nothing released it since.
-    unsafe { inner.evict_gate.raw().unlock_exclusive() };
-    inner.kick_control();
+    unsafe { st.evict_gate.raw().unlock_exclusive() };
+    st.kick_control();
 }

@@ -7,14 +7,17 @@
 //! do nothing.
 
 use std::cell::Cell;
-use std::sync::atomic::Ordering;
 
-use crate::fetch::{self, Mode, Request};
-use crate::page_table::{fm_guard, ABSENT, IDLE, NOWRITE};
-use crate::prefetch;
-use crate::runtime;
-use crate::stats::add;
 use farmem_sys::mem::{PAGE_SHIFT, PAGE_SIZE};
+
+use crate::fetch::demand;
+use crate::fetch::readahead::pipeline;
+use crate::fetch::request::{Mode, Request};
+use crate::page::table::guarded_slot;
+use crate::page::word::{ABSENT, IDLE, NOWRITE};
+use crate::registry;
+use crate::scope::RuntimeScope;
+use crate::stats::add;
 
 /// The hinted access will write.
 pub const FM_WRITE: u32 = 1;
@@ -22,22 +25,10 @@ pub const FM_WRITE: u32 = 1;
 /// previous `FM_SEQ` hint.
 pub const FM_SEQ: u32 = 2;
 
-/// The metadata word of page `vpn` as the inline path reads it: through the guard, so that
-/// without a table (not reserved yet, or a failed start) it is a static zero word.
-#[inline(always)]
-fn guarded_entry(vpn: usize) -> &'static std::sync::atomic::AtomicU64 {
-    // Mask before table: the table is published before the mask, so a non-zero mask implies
-    // the real table (see page_table::init).
-    let mask = fm_guard.mask.load(Ordering::Acquire);
-    let table = fm_guard.table.load(Ordering::Relaxed);
-    // SAFETY: the index is masked to the table's size (or to 0 when the table is not yet
-    // reserved, where `table` points at a static zero word); the table is never unmapped.
-    unsafe { &*table.add(vpn & mask) }
-}
-
 #[inline(always)]
 fn needs_work(addr: usize, bit: u64) -> bool {
-    guarded_entry(addr >> PAGE_SHIFT).load(Ordering::Relaxed) & bit != 0
+    // The raw bits, as `include/farmem.h` tests them: this is the inlined part of every hint.
+    guarded_slot(addr >> PAGE_SHIFT).peek().raw() & bit != 0
 }
 
 /// The next access to `addr` will read it: make its page local if it is not.
@@ -59,11 +50,11 @@ pub fn hint_write<T: ?Sized>(addr: *const T) {
 }
 
 /// Extended hint: `len` bytes from `addr` will be accessed (`FM_WRITE` if written); also
-/// fetch up to `rdahead` pages after the range (before it if negative) when they are absent;
+/// fetch up to `readahead` pages after the range (before it if negative) when they are absent;
 /// pages fetched get eviction priority `ev_prio` (higher is evicted first by policies that
 /// use it).
 #[inline(always)]
-pub fn hint_ex<T: ?Sized>(addr: *const T, len: usize, flags: u32, rdahead: i32, ev_prio: u8) {
+pub fn hint_ex<T: ?Sized>(addr: *const T, len: usize, flags: u32, readahead: i32, ev_prio: u8) {
     let a = addr as *const u8 as usize;
     let bit = IDLE
         | if flags & FM_WRITE != 0 {
@@ -73,7 +64,7 @@ pub fn hint_ex<T: ?Sized>(addr: *const T, len: usize, flags: u32, rdahead: i32, 
         };
     // The inline check covers the first page; multi-page ranges go to the runtime.
     if needs_work(a, bit) || len > PAGE_SIZE - (a & (PAGE_SIZE - 1)) {
-        hint_slow(a, len, flags, rdahead, ev_prio);
+        hint_slow(a, len, flags, readahead, ev_prio);
     }
 }
 
@@ -83,16 +74,14 @@ pub fn hint_ex<T: ?Sized>(addr: *const T, len: usize, flags: u32, rdahead: i32, 
 /// key-value benchmark despite fetching fewer pages). Returns false if there is more to do.
 #[inline]
 fn mark_used(vpn: usize, write: bool) -> bool {
-    // The zero word of a missing table is never REGISTERED, so it is never written.
-    let w = guarded_entry(vpn);
-    let cur = w.load(Ordering::Acquire);
-    let need = if write { NOWRITE } else { ABSENT };
-    if cur & crate::page_table::REGISTERED == 0 || cur & (need | IDLE) != IDLE {
+    // The zero word of a missing table is never registered, so it is never written.
+    let slot = guarded_slot(vpn);
+    if !slot.load().only_idle_for(write) {
         return false;
     }
     // A lost race (the page evicted meanwhile) only clears the mark of an absent page,
     // which every install and eviction resets anyway.
-    w.fetch_and(!IDLE, Ordering::AcqRel);
+    slot.mark_used();
     true
 }
 
@@ -100,13 +89,13 @@ thread_local!(static LAST_SEQ_PAGE: Cell<usize> = const { Cell::new(usize::MAX) 
 
 /// The out-of-line part of every hint (also the C ABI's `fm_hint_slow`).
 #[inline(never)]
-pub fn hint_slow(addr: usize, len: usize, flags: u32, rdahead: i32, ev_prio: u8) {
+pub fn hint_slow(addr: usize, len: usize, flags: u32, readahead: i32, ev_prio: u8) {
     if addr == 0 {
         return;
     }
     let first_vpn = addr >> PAGE_SHIFT;
     let one_page = len <= PAGE_SIZE - (addr & (PAGE_SIZE - 1));
-    if one_page && rdahead == 0 && mark_used(first_vpn, flags & FM_WRITE != 0) {
+    if one_page && readahead == 0 && mark_used(first_vpn, flags & FM_WRITE != 0) {
         return;
     }
     if flags & FM_SEQ != 0 {
@@ -115,46 +104,46 @@ pub fn hint_slow(addr: usize, len: usize, flags: u32, rdahead: i32, ev_prio: u8)
             return;
         }
     }
-    let Some((inner, reg)) = runtime::lookup(addr) else {
+    let Some((st, reg)) = registry::lookup(addr) else {
         return;
     };
-    let _scope = crate::scope::RuntimeScope::enter();
-    add(&inner.stats.c.hint_calls, 1);
+    let _scope = RuntimeScope::enter();
+    add(&st.stats.c.hint_calls, 1);
     // Clip the range to the region (a huge length is not an error, just more than exists),
     // and to a quarter of the budget so one hint cannot thrash the whole local memory.
     let end_addr = addr.saturating_add(len.max(1)).min(reg.end());
     let end_vpn = (end_addr + PAGE_SIZE - 1) >> PAGE_SHIFT;
-    let count = (end_vpn - first_vpn).clamp(1, (inner.budget / 4).max(1));
-    let max_ra = inner.cfg.max_rdahead as i64;
-    let rdahead = (rdahead as i64).clamp(-max_ra, max_ra) as isize;
+    let count = (end_vpn - first_vpn).clamp(1, (st.budget / 4).max(1));
+    let max_ra = st.cfg.max_readahead as i64;
+    let readahead = (readahead as i64).clamp(-max_ra, max_ra) as isize;
     let write = flags & FM_WRITE != 0;
     let req = Request {
         first: first_vpn,
         count,
         write,
-        rdahead,
+        readahead,
         // The read-ahead of a write hint is for a writer going on (a merge's output, a
         // buffer being filled): install it writable and dirty, as the fault path does for
         // sequential writers, instead of write-protected pages that each fault again.
-        ra_write: write,
+        readahead_writable: write,
         prio: ev_prio.min(7),
         mode: Mode::Hint,
-        ahead_useful_for: None,
+        readahead_useful_for: None,
     };
-    match fetch::ensure(&inner, &reg, &req) {
-        Ok(o) if o.installed + o.unprotected > 0 => add(&inner.stats.c.hint_misses, 1),
-        Ok(_) => add(&inner.stats.c.hint_hits, 1),
+    match demand::ensure(&st, &reg, &req) {
+        Ok(o) if o.installed + o.unprotected > 0 => add(&st.stats.c.hint_misses, 1),
+        Ok(_) => add(&st.stats.c.hint_hits, 1),
         Err(e) => farmem_sys::process::fatal(&format!("hint at {addr:#x} failed: {e}")),
     }
-    if flags & FM_SEQ != 0 && rdahead > 0 {
+    if flags & FM_SEQ != 0 && readahead > 0 {
         // A declared sequential stream: keep its next windows in flight.
-        let window_end = (first_vpn + count + rdahead as usize).min(reg.end_vpn());
-        prefetch::pipeline(
-            &inner,
+        let window_end = (first_vpn + count + readahead as usize).min(reg.end_vpn());
+        pipeline(
+            &st,
             &reg,
             first_vpn,
             window_end,
-            rdahead as usize,
+            readahead as usize,
             req.prio,
         );
     }

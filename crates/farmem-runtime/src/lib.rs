@@ -13,54 +13,49 @@
 //! farmem_runtime::hint_write(p);
 //! unsafe { p.write(42) };
 //! ```
+//!
+//! The library interposes nothing: a Rust program that uses it keeps its own allocator.
+//! `libfarmem.so` (crate `libfarmem`) puts a C API and the transparent mode of `farmem run`
+//! on top of it. How the modules fit together: `ARCHITECTURE.md` at the repository's root.
 
+// The public surface.
 pub mod backend;
-mod book;
 pub mod config;
-mod discard;
 pub mod error;
-mod fault;
 pub mod fault_log;
-mod fetch;
-pub mod fork;
 mod hint;
-pub mod page_table;
-pub mod policy;
-mod predict;
-mod prefetch;
-mod reclaim;
-mod region;
 mod runtime;
 pub mod scope;
 pub mod stats;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use config::{BackendSpec, Config, PolicyKind, TcpSpec};
+// The machinery, in dependency order (each uses only modules listed before it).
+mod book;
+mod control;
+mod discard;
+mod env;
+mod fault;
+mod fetch;
+mod fork;
+mod page;
+mod policy;
+mod predict;
+mod reclaim;
+mod region;
+mod regions;
+mod registry;
+mod state;
+mod thread;
+mod workingset;
+
+pub use backend::{BackendSpec, TcpSpec};
+pub use config::{Config, PolicyKind};
 pub use error::{Error, Result};
 pub use farmem_sys::mem::PAGE_SIZE;
 pub use hint::{hint, hint_ex, hint_slow, hint_write, FM_SEQ, FM_WRITE};
-pub use region::Region;
-pub use runtime::Runtime;
+pub use runtime::{Region, Runtime};
 pub use stats::StatsSnapshot;
 
-/// Start one of the runtime's own threads. Its allocations stay in local memory even when
-/// the program's heap is far (a fault thread must never fault on its own data), and it
-/// blocks every asynchronous signal: a handler of the program that touched far memory on
-/// the fault thread would wait for itself.
-pub(crate) fn spawn_runtime_thread<F>(
-    name: String,
-    f: F,
-) -> std::io::Result<std::thread::JoinHandle<()>>
-where
-    F: FnOnce() + Send + 'static,
-{
-    // Every signal is blocked in this thread while spawning, so that the new thread starts
-    // with them blocked (it inherits the mask): a process-directed signal must never land on
-    // a runtime thread, not even in its first instructions.
-    let _blocked = farmem_sys::signals::BlockAll::enter();
-    std::thread::Builder::new().name(name).spawn(move || {
-        scope::keep_local_on_this_thread();
-        f()
-    })
-}
+// The wire's page is the machine's page.
+const _: () = assert!(farmem_proto::PAGE_SIZE == farmem_sys::mem::PAGE_SIZE);

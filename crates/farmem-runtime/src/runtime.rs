@@ -1,164 +1,30 @@
-//! The runtime: one userfaultfd, one local-memory budget, one backend, one reclaim policy and
-//! one set of threads (fault thread(s) and the control thread), shared by all its regions.
+//! The public handles: a [`Runtime`] (one userfaultfd, one local-memory budget, one
+//! backend, one reclaim policy and one set of threads: fault thread(s) and the control
+//! thread, shared by all its regions) and its [`Region`]s. They own the shared [`State`]
+//! and the threads; all the work happens in the modules the state is handed to.
 
-use std::collections::BTreeMap;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use parking_lot::{Condvar, Mutex, RwLock};
-
-use crate::backend::{self, Backend};
-use crate::config::Config;
-use crate::error::{Error, Result};
-use crate::policy::{self, Policy};
-use crate::region::{Region, RegionInfo};
-use crate::stats::{Stats, StatsSnapshot};
-use crate::{fault, page_table, reclaim};
-use farmem_sys::mem::{Unmapper, PAGE_SIZE};
+use farmem_sys::mem::{Unmapper, PAGE_SHIFT, PAGE_SIZE};
 use farmem_sys::uffd::{self, Uffd};
+use parking_lot::{Condvar, Mutex};
 
-/// State shared by the runtime's threads and every thread that hints or faults.
-pub(crate) struct Inner {
-    pub cfg: Config,
-    pub uffd: Uffd,
-    pub unmapper: Unmapper,
-    pub backend: Arc<dyn Backend>,
-    pub policy: Mutex<Box<dyn Policy>>,
-    /// Bookkeeping deferred off the fetch path, drained into `policy` (see `book.rs`).
-    pub book: crate::book::Book,
-    /// Budget and free target, in pages.
-    pub budget: usize,
-    pub free_target: usize,
-    /// Pages installed plus pages reserved by in-flight fetches.
-    pub resident: AtomicUsize,
-    pub stats: Stats,
-    pub shutdown: AtomicBool,
-    /// Control thread wake-up.
-    pub control_lock: Mutex<()>,
-    pub control_cv: Condvar,
-    pub control_sleeping: AtomicBool,
-    /// eventfd that wakes the fault threads out of poll() at shutdown.
-    pub wake_fd: OwnedFd,
-    /// Nanoseconds since `epoch` at which the fault thread began serving its current batch
-    /// (0: idle). The control thread steals faults when this gets old.
-    pub fault_busy_since: AtomicU64,
-    pub epoch: Instant,
-    pub regions: RwLock<BTreeMap<usize, RegionInfo>>,
-    next_region: AtomicU32,
-    /// Until when (`now_ns`) dirty pages are not offered to a far tier that refused some,
-    /// and the current backoff (see `reclaim.rs`).
-    pub far_full_until: AtomicU64,
-    pub far_full_backoff: AtomicU64,
-    /// Read-ahead batches in flight (see `prefetch.rs`).
-    pub inflight: crate::prefetch::InFlightSet,
-    /// Reclaim is paused while a fork brings far pages back (see `fork.rs`); fetches may
-    /// then exceed the budget.
-    pub reclaim_paused: AtomicBool,
-    /// Held shared by every eviction batch, exclusively by a fork in preparation, which so
-    /// waits for the batches in flight.
-    pub evict_gate: RwLock<()>,
-    /// Pages evicted so far: the clock of the pages' shadows (see `page_table::SHADOW_SHIFT`).
-    pub evict_clock: AtomicU64,
-    /// The policy orders by recency: pages a fault brings in start idle ("on probation")
-    /// unless their refault distance says they belong to the working set.
-    pub probation: bool,
-}
-
-impl Inner {
-    pub fn now_ns(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64 + 1
-    }
-
-    /// The region of this runtime containing `addr`.
-    pub fn region_of(&self, addr: usize) -> Option<RegionInfo> {
-        let regions = self.regions.read();
-        let (_, r) = regions.range(..=addr).next_back()?;
-        (addr < r.end()).then_some(*r)
-    }
-
-    pub fn free_pages(&self) -> usize {
-        self.budget
-            .saturating_sub(self.resident.load(Ordering::Relaxed))
-    }
-
-    /// Ask the control thread to reclaim (cheap when it is already awake).
-    pub fn kick_control(&self) {
-        if self.control_sleeping.load(Ordering::Relaxed) {
-            let _g = self.control_lock.lock();
-            self.control_cv.notify_one();
-        }
-    }
-
-    /// The reclaim policy, with every page fetched so far handed to it.
-    pub fn policy(&self) -> parking_lot::MutexGuard<'_, Box<dyn Policy>> {
-        let mut p = self.policy.lock();
-        self.book.drain(p.as_mut(), &self.stats);
-        p
-    }
-
-    pub fn snapshot(&self) -> StatsSnapshot {
-        // Latencies still queued belong in the histogram.
-        drop(self.policy());
-        let mut s = self.stats.snapshot();
-        s.budget_bytes = (self.budget * PAGE_SIZE) as u64;
-        s.resident_pages = self.resident.load(Ordering::Relaxed) as u64;
-        s.backend_bytes = self.backend.stored_bytes();
-        s.prefetch_inflight = self.inflight.len() as u64;
-        s
-    }
-
-    /// Statistics followed by the backend's own counters, for people.
-    pub fn report(&self) -> String {
-        let mut out = self.snapshot().to_string();
-        for (name, v) in self.backend.counters() {
-            out.push_str(&format!("\n  {name:<20}{v:>12}"));
-        }
-        out
-    }
-}
-
-/// Process-wide index of all regions of all runtimes, for the hint slow path (which knows
-/// only an address).
-struct RegistryEntry {
-    end: usize,
-    info: RegionInfo,
-    rt: Weak<Inner>,
-}
-
-static REGISTRY: RwLock<BTreeMap<usize, RegistryEntry>> = RwLock::new(BTreeMap::new());
-
-/// Find the runtime and region holding `addr`. None in a forked child, whose runtime threads
-/// did not survive the fork (its memory is all local there).
-pub(crate) fn lookup(addr: usize) -> Option<(Arc<Inner>, RegionInfo)> {
-    if crate::fork::in_child() {
-        return None;
-    }
-    let reg = REGISTRY.read();
-    let (_, e) = reg.range(..=addr).next_back()?;
-    if addr >= e.end {
-        return None;
-    }
-    Some((e.rt.upgrade()?, e.info))
-}
-
-/// Every runtime that has at least one region.
-pub(crate) fn live_runtimes() -> Vec<Arc<Inner>> {
-    let mut out: Vec<Arc<Inner>> = Vec::new();
-    for e in REGISTRY.read().values() {
-        if let Some(rt) = e.rt.upgrade() {
-            if !out.iter().any(|o| Arc::ptr_eq(o, &rt)) {
-                out.push(rt);
-            }
-        }
-    }
-    out
-}
+use crate::backend::{self, BackendSpec};
+use crate::config::{Config, PolicyKind};
+use crate::error::{Error, Result};
+use crate::page::table;
+use crate::regions::{RegionInfo, Regions};
+use crate::state::State;
+use crate::stats::{Stats, StatsSnapshot};
+use crate::workingset::WorkingSet;
+use crate::{control, discard, fault, fork, policy, region, registry, thread};
 
 fn refuse_in_child() -> Result<()> {
-    if crate::fork::in_child() {
+    if registry::in_child() {
         return Err(Error::Config(
             "far memory is not available in a child forked from a far-memory process (the \
              runtime's threads do not survive fork; the child's memory is all local)"
@@ -171,32 +37,30 @@ fn refuse_in_child() -> Result<()> {
 /// The runtime installed by [`Runtime::install_global`].
 static INSTALLED: OnceLock<Runtime> = OnceLock::new();
 
-struct Shared {
-    inner: Arc<Inner>,
+/// What the last handle of a runtime owns: its state and its threads.
+struct Owner {
+    st: Arc<State>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
-impl Drop for Shared {
+impl Drop for Owner {
     fn drop(&mut self) {
-        self.inner.shutdown.store(true, Ordering::SeqCst);
+        self.st.shutdown.store(true, Ordering::SeqCst);
         let one: u64 = 1;
         // SAFETY: writing 8 bytes from a live u64 to our own eventfd.
         unsafe {
             libc::write(
-                std::os::fd::AsRawFd::as_raw_fd(&self.inner.wake_fd),
+                std::os::fd::AsRawFd::as_raw_fd(&self.st.wake_fd),
                 &one as *const u64 as *const libc::c_void,
                 8,
             )
         };
-        {
-            let _g = self.inner.control_lock.lock();
-            self.inner.control_cv.notify_all();
-        }
+        self.st.wake_all();
         for t in self.threads.lock().drain(..) {
             let _ = t.join();
         }
-        if self.inner.cfg.stats_at_exit {
-            eprintln!("{}", self.inner.report());
+        if self.st.cfg.stats_at_exit {
+            eprintln!("{}", self.st.report());
         }
     }
 }
@@ -205,7 +69,7 @@ impl Drop for Shared {
 /// of its regions are dropped.
 #[derive(Clone)]
 pub struct Runtime {
-    shared: Arc<Shared>,
+    owner: Arc<Owner>,
 }
 
 impl Runtime {
@@ -214,8 +78,8 @@ impl Runtime {
         refuse_in_child()?;
         cfg.validate()?;
         cfg.evict_batch = cfg.effective_evict_batch();
-        crate::fork::install_handlers();
-        page_table::init().map_err(|e| Error::sys("page table", e))?;
+        fork::install_handlers();
+        table::init().map_err(|e| Error::sys("page table", e))?;
         let uffd = Uffd::open(uffd::FEATURE_PAGEFAULT_FLAG_WP | uffd::FEATURE_THREAD_ID)
             .map_err(|e| Error::sys("opening userfaultfd", e))?;
         // SAFETY: eventfd has no memory-safety preconditions.
@@ -225,20 +89,22 @@ impl Runtime {
         }
         // SAFETY: fresh descriptor from the kernel.
         let wake_fd = unsafe { OwnedFd::from_raw_fd(efd) };
-        let backend = backend::from_spec(&cfg.backend).map_err(|e| Error::Backend {
-            backend: match &cfg.backend {
-                crate::config::BackendSpec::Tcp(t) => t.url(),
+        let backend = backend::from_spec(&cfg.backend).map_err(|e| {
+            let name = match &cfg.backend {
+                BackendSpec::Tcp(t) => t.url(),
                 other => format!("{other:?}"),
-            },
-            msg: e.to_string(),
+            };
+            Error::backend(name, None, e)
         })?;
-        let inner = Arc::new(Inner {
+        let st = Arc::new(State {
             budget: cfg.budget_pages(),
             free_target: cfg.free_target_pages(),
             backend,
             policy: Mutex::new(policy::build(cfg.policy)),
             book: Default::default(),
-            probation: cfg.policy != crate::config::PolicyKind::Fifo,
+            // Recency policies put a fault's pages on probation unless they are refaults
+            // of the working set.
+            workingset: WorkingSet::new(cfg.policy != PolicyKind::Fifo, cfg.budget_pages()),
             cfg,
             uffd,
             unmapper: Unmapper::new(),
@@ -251,42 +117,36 @@ impl Runtime {
             wake_fd,
             fault_busy_since: AtomicU64::new(0),
             epoch: Instant::now(),
-            regions: RwLock::new(BTreeMap::new()),
+            regions: Regions::default(),
             next_region: AtomicU32::new(1),
             far_full_until: AtomicU64::new(0),
             far_full_backoff: AtomicU64::new(0),
             inflight: Default::default(),
             reclaim_paused: AtomicBool::new(false),
-            evict_gate: RwLock::new(()),
-            // From 1: a shadow of 0 means "never evicted".
-            evict_clock: AtomicU64::new(1),
+            evict_gate: Default::default(),
         });
         let mut threads = Vec::new();
-        for i in 0..inner.cfg.fault_threads {
-            let inn = inner.clone();
+        for i in 0..st.cfg.fault_threads {
+            let s = st.clone();
             threads.push(
-                crate::spawn_runtime_thread(format!("farmem-fault-{i}"), move || {
-                    fault::fault_thread(inn)
-                })
-                .map_err(|e| Error::sys("starting fault thread", e))?,
+                thread::spawn(format!("farmem-fault-{i}"), move || fault::run(s))
+                    .map_err(|e| Error::sys("starting fault thread", e))?,
             );
         }
-        let inn = inner.clone();
+        let s = st.clone();
         threads.push(
-            crate::spawn_runtime_thread("farmem-control".into(), move || {
-                reclaim::control_thread(inn)
-            })
-            .map_err(|e| Error::sys("starting control thread", e))?,
+            thread::spawn("farmem-control".into(), move || control::run(s))
+                .map_err(|e| Error::sys("starting control thread", e))?,
         );
         tracing::debug!(
-            budget_pages = inner.budget,
-            backend = %inner.backend.describe(),
-            vectored_unmap = inner.unmapper.is_vectored(),
+            budget_pages = st.budget,
+            backend = %st.backend.describe(),
+            vectored_unmap = st.unmapper.is_vectored(),
             "farmem runtime started"
         );
         Ok(Runtime {
-            shared: Arc::new(Shared {
-                inner,
+            owner: Arc::new(Owner {
+                st,
                 threads: Mutex::new(threads),
             }),
         })
@@ -327,32 +187,32 @@ impl Runtime {
         let _ = INSTALLED.set(rt);
     }
 
-    pub(crate) fn inner(&self) -> &Arc<Inner> {
-        &self.shared.inner
+    pub(crate) fn state(&self) -> &Arc<State> {
+        &self.owner.st
     }
 
     pub fn config(&self) -> &Config {
-        &self.shared.inner.cfg
+        &self.owner.st.cfg
     }
 
     /// Statistics so far.
     pub fn stats(&self) -> StatsSnapshot {
-        self.shared.inner.snapshot()
+        self.owner.st.snapshot()
     }
 
     /// Statistics and the backend's own counters as text for people.
     pub fn report(&self) -> String {
-        self.shared.inner.report()
+        self.owner.st.report()
     }
 
     /// Description of the backend in use.
     pub fn backend_name(&self) -> String {
-        self.shared.inner.backend.describe()
+        self.owner.st.backend.describe()
     }
 
     /// Name of the reclaim policy in use.
     pub fn policy_name(&self) -> &'static str {
-        self.shared.inner.policy.lock().name()
+        self.owner.st.policy.lock().name()
     }
 
     /// Create a far-memory region of `size` bytes (rounded up to whole pages). The region
@@ -379,7 +239,7 @@ impl Runtime {
 
     fn create_region_impl(&self, size: usize, at: Option<usize>) -> Result<Region> {
         refuse_in_child()?;
-        let inner = self.inner();
+        let st = self.state();
         if size == 0 {
             return Err(Error::Invalid("region size must be positive".into()));
         }
@@ -389,18 +249,14 @@ impl Runtime {
             )));
         }
         let len = size.div_ceil(PAGE_SIZE) * PAGE_SIZE;
-        let id = inner.next_region.fetch_add(1, Ordering::Relaxed);
-        let info = crate::region::map(inner, id, len, at)?;
-        REGISTRY.write().insert(
-            info.base,
-            RegistryEntry {
-                end: info.end(),
-                info,
-                rt: Arc::downgrade(inner),
-            },
-        );
-        inner.regions.write().insert(info.base, info);
-        Ok(Region::new(self.clone(), info))
+        let id = st.next_region.fetch_add(1, Ordering::Relaxed);
+        let info = region::map(st, id, len, at)?;
+        registry::insert(info, st);
+        st.regions.insert(info);
+        Ok(Region {
+            rt: self.clone(),
+            info,
+        })
     }
 
     /// Discard the contents of the pages of `[addr, addr+len)` that belong to this runtime's
@@ -408,29 +264,109 @@ impl Runtime {
     /// copies are dropped, far copies forgotten, and the pages read as zeros afterwards.
     /// Returns how many of them were local. Partial pages at the ends are included.
     pub fn discard(&self, addr: usize, len: usize) -> usize {
-        let inner = self.inner();
+        let st = self.state();
         let end = addr.saturating_add(len);
         let mut dropped = 0;
-        let regions: Vec<RegionInfo> = inner
-            .regions
-            .read()
-            .range(..end)
-            .map(|(_, r)| *r)
-            .filter(|r| r.end() > addr)
-            .collect();
-        for r in regions {
+        for r in st.regions.overlapping(addr, end) {
             let first = (addr.max(r.base)) / PAGE_SIZE;
             let last = (end.min(r.end())).div_ceil(PAGE_SIZE);
             if first < last {
-                dropped += crate::discard::discard_pages(inner, first, last);
+                dropped += discard::discard_pages(st, first, last);
             }
         }
         dropped
     }
 
-    pub(crate) fn destroy_region(&self, info: &RegionInfo) {
-        REGISTRY.write().remove(&info.base);
-        self.inner().regions.write().remove(&info.base);
-        crate::region::unmap(self.inner(), info);
+    fn destroy_region(&self, info: &RegionInfo) {
+        registry::remove(info.base);
+        self.state().regions.remove(info.base);
+        region::unmap(self.state(), info);
+    }
+}
+
+/// A far-memory region. Its memory is ordinary memory to the program: read and write it
+/// through [`Region::as_mut_ptr`]; hints make accesses cheaper but are never required.
+/// Dropping the region frees it (all its pages, local and far).
+pub struct Region {
+    rt: Runtime,
+    info: RegionInfo,
+}
+
+impl Region {
+    pub fn as_ptr(&self) -> *const u8 {
+        self.info.base as *const u8
+    }
+
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.info.base as *mut u8
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.info.npages * PAGE_SIZE
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.info.npages == 0
+    }
+
+    pub fn id(&self) -> u32 {
+        self.info.id
+    }
+
+    pub fn runtime(&self) -> &Runtime {
+        &self.rt
+    }
+
+    /// Whether the page holding `offset` is local right now (for tests and tools).
+    pub fn is_resident(&self, offset: usize) -> bool {
+        assert!(offset < self.len(), "offset out of region");
+        let slot = table::slot((self.info.base + offset) >> PAGE_SHIFT);
+        let mut w = slot.load();
+        while w.is_locked() {
+            // A thread woken by a page's install can get here before the installer marks
+            // it present (the installer may even be preempted in between): answer for after
+            // the transition, as every lock holder releases soon.
+            slot.wait_unlocked(1000);
+            w = slot.load();
+        }
+        w.is_present()
+    }
+
+    /// The region's memory as a byte slice.
+    ///
+    /// # Safety
+    /// The caller must make sure no other thread writes the region while the slice lives
+    /// (the usual aliasing rules; the runtime itself never changes page contents).
+    pub unsafe fn as_slice(&self) -> &[u8] {
+        // SAFETY: the mapping spans len() bytes for the region's life; aliasing is the
+        // caller's promise.
+        unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len()) }
+    }
+
+    /// The region's memory as a mutable byte slice.
+    ///
+    /// # Safety
+    /// As [`Region::as_slice`], and no other reference to the memory may be used meanwhile.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn as_mut_slice(&self) -> &mut [u8] {
+        // SAFETY: as above; exclusivity is the caller's promise.
+        unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr(), self.len()) }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        self.rt.destroy_region(&self.info);
+    }
+}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region")
+            .field("id", &self.info.id)
+            .field("base", &format_args!("{:#x}", self.info.base))
+            .field("len", &self.len())
+            .finish()
     }
 }

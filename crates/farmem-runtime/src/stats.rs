@@ -63,7 +63,7 @@ counters! {
     spurious_faults: "Faults found already resolved when served (woken only).",
     zero_fills: "Pages materialized as zeros without backend I/O.",
     pages_fetched: "Pages read from the backend.",
-    readahead_pages: "Pages installed beyond the one demanded (rdahead or fault read-ahead).",
+    readahead_pages: "Pages installed beyond the one demanded (a hint's read-ahead or a fault's).",
     pages_installed: "Pages mapped (fetched plus zero-filled).",
     install_ioctls: "UFFDIO_COPY calls made to install pages.",
     pages_evicted: "Pages unmapped by reclaim.",

@@ -238,7 +238,7 @@ fn bad_configurations_are_rejected() {
             ..cfg(64 << 20)
         },
         Config {
-            max_rdahead: 5000,
+            max_readahead: 5000,
             ..cfg(64 << 20)
         },
         Config {

@@ -98,6 +98,37 @@ pub struct UffdMsg {
 }
 const _: () = assert!(std::mem::size_of::<UffdMsg>() == 32);
 
+/// A userfaultfd event, decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A thread touched a registered page that is missing, or wrote one that is
+    /// write-protected (`wp`). `addr` is the faulting address (not page-aligned); `tid` the
+    /// faulting thread (with `FEATURE_THREAD_ID`, else 0).
+    PageFault {
+        addr: usize,
+        write: bool,
+        wp: bool,
+        tid: u32,
+    },
+    /// An event farmem does not ask for (fork, remap, remove, unmap), by its code.
+    Other(u8),
+}
+
+impl UffdMsg {
+    /// What the message says.
+    pub fn event(&self) -> Event {
+        if self.event != EVENT_PAGEFAULT {
+            return Event::Other(self.event);
+        }
+        Event::PageFault {
+            addr: self.address as usize,
+            write: self.flags & PAGEFAULT_FLAG_WRITE != 0,
+            wp: self.flags & PAGEFAULT_FLAG_WP != 0,
+            tid: self.ptid,
+        }
+    }
+}
+
 /// An open userfaultfd with its negotiated feature set.
 pub struct Uffd {
     fd: OwnedFd,
@@ -265,5 +296,35 @@ impl Uffd {
             return Err(e);
         }
         Ok(n as usize / std::mem::size_of::<UffdMsg>())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_faults_decode() {
+        let m = UffdMsg {
+            event: EVENT_PAGEFAULT,
+            flags: PAGEFAULT_FLAG_WRITE | PAGEFAULT_FLAG_WP,
+            address: 0x7f00_1234,
+            ptid: 42,
+            ..UffdMsg::default()
+        };
+        assert_eq!(
+            m.event(),
+            Event::PageFault {
+                addr: 0x7f00_1234,
+                write: true,
+                wp: true,
+                tid: 42
+            }
+        );
+        let other = UffdMsg {
+            event: 0x13,
+            ..UffdMsg::default()
+        };
+        assert_eq!(other.event(), Event::Other(0x13));
     }
 }

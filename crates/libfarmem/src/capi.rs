@@ -79,7 +79,7 @@ pub extern "C" fn fm_hint_slow(
     addr: *const c_void,
     len: usize,
     flags: u32,
-    rdahead: c_int,
+    readahead: c_int,
     ev_prio: c_int,
 ) {
     guarded((), || {
@@ -87,7 +87,7 @@ pub extern "C" fn fm_hint_slow(
             addr as usize,
             len,
             flags,
-            rdahead,
+            readahead,
             ev_prio.clamp(0, 255) as u8,
         );
         Ok(())

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use farmem_proto::auth::Secret;
-use farmem_runtime::config::TcpSpec;
+use farmem_runtime::TcpSpec;
 use farmem_runtime::{BackendSpec, Config, Runtime};
 
 pub fn farmem_bin() -> &'static str {

@@ -7,8 +7,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use super::{Backend, BackendError, Completion, IoClass, IoDone, PageBuf, PageKey};
+use farmem_proto::{IoClass, PageKey};
 use farmem_sys::mem::PAGE_SIZE;
+
+use super::error::BackendError;
+use super::io::{Backend, Completion, IoDone, PageBuf};
 
 const SHARDS: usize = 64;
 

@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use super::{Policy, UseBits};
+use super::interface::{Policy, UseBits};
 
 /// One clock ring, shared by `second-chance` and each level of `priority`.
 #[derive(Default)]

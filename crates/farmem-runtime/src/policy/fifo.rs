@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use super::{Policy, UseBits};
+use super::interface::{Policy, UseBits};
 
 #[derive(Default)]
 pub struct Fifo {

@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 
-use super::{Policy, UseBits};
+use super::interface::{Policy, UseBits};
 
 const GENERATIONS: usize = 4;
 

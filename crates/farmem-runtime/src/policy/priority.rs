@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use super::clock::Ring;
-use super::{Policy, UseBits};
+use super::interface::{Policy, UseBits};
 
 const LEVELS: usize = 8;
 

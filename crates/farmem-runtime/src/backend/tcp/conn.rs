@@ -20,13 +20,14 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use farmem_proto::{self as p, ErrorCode, Frame, FreeReq, Header, IoClass, Kind, PageKey};
+use farmem_sys::mem::PAGE_SIZE;
+
 use super::handshake::{self, ConnectError, Opened};
 use super::join::{Join, Oneshot, Reply};
-use super::Shared;
-use crate::backend::{BackendError, IoClass, PageKey};
+use super::shared::{Peer, Shared};
+use crate::backend::error::BackendError;
 use crate::stats::add;
-use farmem_proto::{self as p, ErrorCode, Frame, FreeReq, Header, Kind};
-use farmem_sys::mem::PAGE_SIZE;
 
 /// The receiver wakes this often to notice shutdown and stalled requests.
 const POLL_INTERVAL: Duration = Duration::from_secs(1);
@@ -562,5 +563,15 @@ fn frame_kind(f: &Frame) -> &'static str {
         Frame::StatsOk(_) => "StatsOk",
         Frame::Error(_) => "Error",
         _ => "handshake",
+    }
+}
+
+impl Peer for Conn {
+    fn fail_all(&self, msg: &str) {
+        Conn::fail_all(self, msg)
+    }
+
+    fn shutdown(&self) {
+        Conn::shutdown(self)
     }
 }

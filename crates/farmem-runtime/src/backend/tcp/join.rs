@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::backend::{BackendError, Completer, IoDone, PageBuf, PageKey};
+use crate::backend::error::BackendError;
+use crate::backend::io::{Completer, IoDone, PageBuf};
+use farmem_proto::PageKey;
 use farmem_proto::{FreeOk, StatsOk};
 use farmem_sys::mem::PAGE_SIZE;
 

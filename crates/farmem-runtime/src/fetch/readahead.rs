@@ -1,16 +1,16 @@
-//! Read-ahead in flight: windows fetched asynchronously ahead of a sequential hinted scan.
+//! Asynchronous read-ahead: windows fetched ahead of a sequential hinted scan, or of a
+//! strided fault pattern, and completed by whoever reaches them first.
 //!
 //! Two users: strided runs predicted from unhinted faults (`fault.rs`, through
 //! [`submit_pages`]), and sequential hinted scans. A hint with `FM_SEQ` and forward
-//! read-ahead `R` declares a sequential stream. Fetching
-//! only on misses makes the scan wait a whole backend round trip per window (over TCP that
+//! read-ahead `R` declares a sequential stream. Fetching only on misses makes the scan wait a whole backend round trip per window (over TCP that
 //! caps a scan at about one window per round trip whatever the link could carry), so after
 //! such a hint the runtime keeps `depth` further windows of `R` pages in flight: their pages
-//! are locked, their budget reserved, their read submitted, and the batch is registered here.
+//! are locked, their budget reserved, their read submitted, and the batch is registered (`batches.rs`).
 //! When the scan reaches a window, the data has usually arrived and is just installed.
 //!
 //! A batch's pages stay locked until the batch is completed (installed), by exactly one of:
-//! the thread that reaches them (hint or fault, see `fetch::ensure`), the control thread when
+//! the thread that reaches them (hint or fault, see `demand::ensure`), the control thread when
 //! the batch is old (nobody came back for it), or region teardown. Completing takes the batch
 //! out of the registry first, so it happens once.
 //!
@@ -21,80 +21,20 @@
 //! their budget, and a thread that was waiting for one of them reads it on demand.
 
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use farmem_proto::IoClass;
 
-use crate::backend::{IoClass, PageBuf};
+use super::batches::Batch;
+use super::phases::{self, prefetch_deadline};
+use super::request::{Locked, Mode, Request};
+use crate::backend::io::PageBuf;
 use crate::error::Result;
-use crate::fetch::{self, InFlight, Locked, Mode, Request};
-use crate::page_table::{self as pt, REMOTE};
+use crate::page::table;
 use crate::reclaim;
-use crate::region::RegionInfo;
-use crate::runtime::Inner;
+use crate::regions::RegionInfo;
+use crate::state::State;
 use crate::stats::add;
-
-/// A window of pages being read ahead.
-pub(crate) struct Batch {
-    reg: RegionInfo,
-    /// Locked, absent pages in ascending order (not always contiguous).
-    pages: Vec<Locked>,
-    read: Option<InFlight>,
-    prio: u8,
-    submitted: Instant,
-}
-
-impl Batch {
-    fn last_vpn(&self) -> usize {
-        self.pages.last().expect("non-empty batch").vpn
-    }
-}
-
-/// The batches in flight of one runtime, by first page.
-#[derive(Default)]
-pub(crate) struct InFlightSet {
-    map: Mutex<BTreeMap<usize, Batch>>,
-    count: AtomicUsize,
-}
-
-impl InFlightSet {
-    /// Nothing in flight (one atomic load: cheap enough for every locked-page encounter).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Batches in flight.
-    pub fn len(&self) -> usize {
-        self.count.load(Ordering::Acquire)
-    }
-
-    fn insert(&self, b: Batch) {
-        self.map.lock().insert(b.pages[0].vpn, b);
-        self.count.fetch_add(1, Ordering::AcqRel);
-    }
-
-    fn take_where(&self, mut pick: impl FnMut(&Batch) -> bool) -> Vec<Batch> {
-        let mut m = self.map.lock();
-        let keys: Vec<usize> = m.iter().filter(|(_, b)| pick(b)).map(|(&k, _)| k).collect();
-        let out: Vec<Batch> = keys.iter().filter_map(|k| m.remove(k)).collect();
-        self.count.fetch_sub(out.len(), Ordering::AcqRel);
-        out
-    }
-
-    /// The batch holding page `vpn`, if one does.
-    fn take_covering(&self, vpn: usize) -> Option<Batch> {
-        let mut m = self.map.lock();
-        let (&k, b) = m.range(..=vpn).next_back()?;
-        if vpn > b.last_vpn() || b.pages.binary_search_by_key(&vpn, |l| l.vpn).is_err() {
-            return None;
-        }
-        let b = m.remove(&k);
-        self.count.fetch_sub(1, Ordering::AcqRel);
-        b
-    }
-}
 
 /// A thread's sequential stream.
 #[derive(Clone, Copy, Default)]
@@ -140,35 +80,36 @@ fn give_buf(b: PageBuf) {
 /// `r` pages in flight. A lone `FM_SEQ` hint is no stream yet: reading ahead for it would
 /// mostly fetch pages nobody asks for.
 pub(crate) fn pipeline(
-    inner: &Inner,
+    st: &State,
     reg: &RegionInfo,
     first: usize,
     window_end: usize,
     r: usize,
     prio: u8,
 ) {
-    let depth = inner.cfg.hint_pipeline;
+    let depth = st.cfg.hint_pipeline;
     if depth == 0 || r == 0 {
         return;
     }
-    let st = STREAM.with(|s| s.get());
+    let prev = STREAM.with(|s| s.get());
     let reach = r * (depth + 1) + 1;
-    let continues = st.region == reg.id && first > st.last_first && first <= st.last_first + reach;
-    let mut next = if continues && st.next >= window_end {
-        st.next
+    let continues =
+        prev.region == reg.id && first > prev.last_first && first <= prev.last_first + reach;
+    let mut next = if continues && prev.next >= window_end {
+        prev.next
     } else {
         window_end
     };
-    let now = inner.now_ns();
-    let pace_ns = if continues && now > st.last_ns {
-        let sample = (now - st.last_ns) / (first - st.last_first) as u64;
-        if st.pace_ns == 0 {
+    let now = st.now_ns();
+    let pace_ns = if continues && now > prev.last_ns {
+        let sample = (now - prev.last_ns) / (first - prev.last_first) as u64;
+        if prev.pace_ns == 0 {
             sample
         } else {
-            (3 * st.pace_ns + sample) / 4
+            (3 * prev.pace_ns + sample) / 4
         }
     } else {
-        st.pace_ns
+        prev.pace_ns
     };
     let mut stream = Stream {
         region: reg.id,
@@ -188,11 +129,11 @@ pub(crate) fn pipeline(
         let window = next..hi;
         next = hi;
         // Useful until the scan passes the window's last page.
-        let useful_for = fetch::prefetch_deadline(
-            inner,
+        let useful_for = prefetch_deadline(
+            st,
             (pace_ns != 0).then(|| Duration::from_nanos((hi - 1 - first) as u64 * pace_ns)),
         );
-        if submit_pages(inner, reg, window, prio, useful_for) == Submitted::NoBudget {
+        if submit_pages(st, reg, window, prio, useful_for) == Submitted::NoBudget {
             break;
         }
     }
@@ -215,27 +156,33 @@ pub(crate) enum Submitted {
 /// read and register the batch, to be completed by whoever reaches one of its pages first.
 /// With `useful_for`, the backend may drop the read if it cannot start it in that time.
 pub(crate) fn submit_pages(
-    inner: &Inner,
+    st: &State,
     reg: &RegionInfo,
     vpns: impl IntoIterator<Item = usize>,
     prio: u8,
     useful_for: Duration,
 ) -> Submitted {
-    let me = fetch::owner_id();
+    let me = table::owner_id();
     let mut pages: Vec<Locked> = vpns
         .into_iter()
-        .filter_map(|v| fetch::lock_absent(v, me).map(|old| Locked::new(v, old, false)))
+        .filter_map(|v| {
+            table::slot(v).lock_if_absent(me).map(|old| Locked {
+                vpn: v,
+                old,
+                writable: false,
+            })
+        })
         .collect();
     // Only pages the backend holds are worth reading ahead; fresh ones are zero-filled for
     // nothing when reached.
-    let remote = pages.iter().any(|l| l.old & REMOTE != 0);
+    let remote = pages.iter().any(|l| l.old.has_far_copy());
     let got = if remote {
-        reclaim::try_reserve(inner, pages.len())
+        reclaim::try_reserve(st, pages.len())
     } else {
         0
     };
     for l in pages.drain(got..) {
-        pt::unlock(pt::entry(l.vpn), l.old);
+        table::slot(l.vpn).unlock(l.old);
     }
     if pages.is_empty() {
         return if remote {
@@ -244,8 +191,8 @@ pub(crate) fn submit_pages(
             Submitted::Nothing
         };
     }
-    let read = match fetch::submit_phase(
-        inner,
+    let read = match phases::submit_phase(
+        st,
         reg,
         &pages,
         IoClass::Prefetch,
@@ -255,9 +202,9 @@ pub(crate) fn submit_pages(
         Ok(r) => r,
         Err(e) => farmem_sys::process::fatal(&format!("read-ahead: {e}")),
     };
-    add(&inner.stats.c.prefetch_batches, 1);
-    add(&inner.stats.c.prefetch_pages, pages.len() as u64);
-    inner.inflight.insert(Batch {
+    add(&st.stats.c.prefetch_batches, 1);
+    add(&st.stats.c.prefetch_pages, pages.len() as u64);
+    st.inflight.insert(Batch {
         reg: *reg,
         pages,
         read,
@@ -270,15 +217,15 @@ pub(crate) fn submit_pages(
 /// Install a batch: wait for its data, map its pages (waking threads that faulted on them),
 /// unlock them and hand them to the reclaim policy. A batch the backend dropped as late is
 /// released instead: its pages go back to absent and unlocked, their budget is returned.
-fn complete(inner: &Inner, mut b: Batch) -> Result<()> {
+fn complete(st: &State, mut b: Batch) -> Result<()> {
     if b.read.as_ref().is_some_and(|r| !r.completion.is_done()) {
-        add(&inner.stats.c.prefetch_late, 1);
+        add(&st.stats.c.prefetch_late, 1);
     }
-    match fetch::arrived_in_time(b.read.take()) {
+    match phases::arrived_in_time(b.read.take()) {
         Ok(read) => b.read = read,
         Err(msg) => {
             tracing::trace!("read-ahead dropped: {msg}");
-            fetch::release_unread(inner, &b.pages);
+            phases::release_unread(st, &b.pages);
             return Ok(());
         }
     }
@@ -286,59 +233,59 @@ fn complete(inner: &Inner, mut b: Batch) -> Result<()> {
         first: b.pages[0].vpn,
         count: b.pages.len(),
         write: false,
-        rdahead: 0,
-        ra_write: false,
+        readahead: 0,
+        readahead_writable: false,
         prio: b.prio,
         mode: Mode::Hint,
-        ahead_useful_for: None,
+        readahead_useful_for: None,
     };
-    fetch::install_phase(inner, &b.reg, &req, &b.pages, b.read, give_buf)?;
-    if inner
+    phases::install_phase(st, &b.reg, &req, &b.pages, b.read, give_buf)?;
+    if st
         .book
         .note_fetched(b.pages.iter().map(|l| l.vpn), b.prio, None)
     {
-        inner.kick_control();
+        st.kick_control();
     }
     Ok(())
 }
 
 /// Install the batches whose data has arrived (a fault thread with nothing else to do): a
 /// prefetched page that is already mapped when the program reaches it costs no fault at all.
-pub(crate) fn complete_arrived(inner: &Inner) {
-    if inner.inflight.is_empty() {
+pub(crate) fn complete_arrived(st: &State) {
+    if st.inflight.is_empty() {
         return;
     }
-    let arrived = inner
+    let arrived = st
         .inflight
         .take_where(|b| b.read.as_ref().is_none_or(|r| r.completion.is_done()));
     for b in arrived {
-        if let Err(e) = complete(inner, b) {
+        if let Err(e) = complete(st, b) {
             farmem_sys::process::fatal(&format!("read-ahead: {e}"));
         }
     }
 }
 
 /// If page `vpn` is held by a batch in flight, complete that batch. Returns whether it did.
-pub(crate) fn complete_covering(inner: &Inner, vpn: usize) -> Result<bool> {
-    if inner.inflight.is_empty() {
+pub(crate) fn complete_covering(st: &State, vpn: usize) -> Result<bool> {
+    if st.inflight.is_empty() {
         return Ok(false);
     }
-    match inner.inflight.take_covering(vpn) {
-        Some(b) => complete(inner, b).map(|()| true),
+    match st.inflight.take_covering(vpn) {
+        Some(b) => complete(st, b).map(|()| true),
         None => Ok(false),
     }
 }
 
 /// Complete every batch of pages in `[first, end)` (a region going away).
-pub(crate) fn complete_range(inner: &Inner, first: usize, end: usize) {
-    if inner.inflight.is_empty() {
+pub(crate) fn complete_range(st: &State, first: usize, end: usize) {
+    if st.inflight.is_empty() {
         return;
     }
-    for b in inner
+    for b in st
         .inflight
         .take_where(|b| b.pages[0].vpn < end && b.last_vpn() >= first)
     {
-        if let Err(e) = complete(inner, b) {
+        if let Err(e) = complete(st, b) {
             farmem_sys::process::fatal(&format!("read-ahead: {e}"));
         }
     }
@@ -347,19 +294,19 @@ pub(crate) fn complete_range(inner: &Inner, first: usize, end: usize) {
 /// Batches nobody came back for: arrived and older than a few milliseconds, or older than
 /// `max_age` whatever their state. Completed by the control thread so that their pages do
 /// not stay locked (and their budget reserved) indefinitely.
-pub(crate) fn sweep(inner: &Inner, max_age: Duration) {
-    if inner.inflight.is_empty() {
+pub(crate) fn sweep(st: &State, max_age: Duration) {
+    if st.inflight.is_empty() {
         return;
     }
     let now = Instant::now();
-    let stale = inner.inflight.take_where(|b| {
+    let stale = st.inflight.take_where(|b| {
         let age = now.duration_since(b.submitted);
         age > max_age
             || (age > max_age / 8 && b.read.as_ref().is_none_or(|r| r.completion.is_done()))
     });
     for b in stale {
-        add(&inner.stats.c.prefetch_swept, 1);
-        if let Err(e) = complete(inner, b) {
+        add(&st.stats.c.prefetch_swept, 1);
+        if let Err(e) = complete(st, b) {
             farmem_sys::process::fatal(&format!("read-ahead: {e}"));
         }
     }

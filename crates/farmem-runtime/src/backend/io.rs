@@ -1,0 +1,194 @@
+//! The backend interface: batched, asynchronous requests of whole pages, each in a priority
+//! class, and the buffers and completions they travel with.
+
+use std::alloc::{self, Layout};
+use std::sync::Arc;
+
+use farmem_proto::{IoClass, PageKey};
+use farmem_sys::mem::PAGE_SIZE;
+use parking_lot::{Condvar, Mutex};
+
+use super::error::BackendError;
+
+/// A page-aligned buffer of whole pages (UFFDIO_COPY needs an aligned source).
+pub struct PageBuf {
+    ptr: *mut u8,
+    cap_pages: usize,
+    len_pages: usize,
+}
+
+// SAFETY: PageBuf owns its allocation exclusively; moving it between threads is like moving
+// a Vec<u8>.
+unsafe impl Send for PageBuf {}
+
+impl PageBuf {
+    pub fn new(cap_pages: usize) -> PageBuf {
+        let cap_pages = cap_pages.max(1);
+        let layout =
+            Layout::from_size_align(cap_pages * PAGE_SIZE, PAGE_SIZE).expect("page buffer layout");
+        // SAFETY: layout has non-zero size.
+        let ptr = unsafe { alloc::alloc(layout) };
+        if ptr.is_null() {
+            alloc::handle_alloc_error(layout);
+        }
+        PageBuf {
+            ptr,
+            cap_pages,
+            len_pages: 0,
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.cap_pages
+    }
+
+    pub fn len(&self) -> usize {
+        self.len_pages
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len_pages == 0
+    }
+
+    /// Set the number of pages in use (contents of newly included pages are unspecified).
+    pub fn set_len(&mut self, pages: usize) {
+        assert!(pages <= self.cap_pages, "page buffer overflow");
+        self.len_pages = pages;
+    }
+
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: the allocation holds cap_pages pages and len_pages <= cap_pages.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len_pages * PAGE_SIZE) }
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, with exclusive access through &mut self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len_pages * PAGE_SIZE) }
+    }
+
+    pub fn page(&self, i: usize) -> &[u8] {
+        &self.bytes()[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]
+    }
+
+    pub fn page_mut(&mut self, i: usize) -> &mut [u8] {
+        &mut self.bytes_mut()[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]
+    }
+}
+
+impl Drop for PageBuf {
+    fn drop(&mut self) {
+        let layout = Layout::from_size_align(self.cap_pages * PAGE_SIZE, PAGE_SIZE)
+            .expect("page buffer layout");
+        // SAFETY: allocated in `new` with this very layout.
+        unsafe { alloc::dealloc(self.ptr, layout) };
+    }
+}
+
+/// A finished request: the keys and the buffer handed back to the caller (filled for reads).
+pub struct IoDone {
+    pub keys: Vec<PageKey>,
+    pub buf: PageBuf,
+}
+
+type Slot = Arc<(Mutex<Option<Result<IoDone, BackendError>>>, Condvar)>;
+
+/// The result of a submitted request, now or later.
+pub struct Completion(CompletionState);
+
+enum CompletionState {
+    Ready(Result<IoDone, BackendError>),
+    Pending(Slot),
+}
+
+/// The backend side of a pending [`Completion`].
+pub struct Completer(Slot);
+
+impl Completion {
+    /// A request that finished during submission (in-process backends).
+    pub fn ready(r: Result<IoDone, BackendError>) -> Completion {
+        Completion(CompletionState::Ready(r))
+    }
+
+    /// A request that finishes later, when the returned [`Completer`] is completed.
+    pub fn pending() -> (Completion, Completer) {
+        let slot: Slot = Arc::new((Mutex::new(None), Condvar::new()));
+        (
+            Completion(CompletionState::Pending(slot.clone())),
+            Completer(slot),
+        )
+    }
+
+    pub fn is_done(&self) -> bool {
+        match &self.0 {
+            CompletionState::Ready(_) => true,
+            CompletionState::Pending(s) => s.0.lock().is_some(),
+        }
+    }
+
+    /// Block until the request finishes.
+    pub fn wait(self) -> Result<IoDone, BackendError> {
+        match self.0 {
+            CompletionState::Ready(r) => r,
+            CompletionState::Pending(slot) => {
+                let mut g = slot.0.lock();
+                while g.is_none() {
+                    slot.1.wait(&mut g);
+                }
+                g.take().expect("completion present")
+            }
+        }
+    }
+}
+
+impl Completer {
+    pub fn complete(self, r: Result<IoDone, BackendError>) {
+        *self.0 .0.lock() = Some(r);
+        self.0 .1.notify_all();
+    }
+}
+
+/// Where far pages live. Implementations must be safe to call from many threads at once.
+pub trait Backend: Send + Sync {
+    /// Human-readable description (`local`, `local+lz4`, `tcp://host:port`).
+    fn describe(&self) -> String;
+
+    /// Prepare storage for a region of `npages` pages (allocation may be lazy).
+    fn open_region(&self, region: u32, npages: u64) -> Result<(), BackendError>;
+
+    /// Drop every page of a region.
+    fn close_region(&self, region: u32);
+
+    /// Read `keys.len()` pages into `buf` (whose length is set to the number of keys).
+    /// Reading a page the backend does not hold is an error, never zeros.
+    fn submit_read(&self, class: IoClass, keys: Vec<PageKey>, buf: PageBuf) -> Completion;
+
+    /// Read ahead of use: like a prefetch-class [`Backend::submit_read`], except that the
+    /// pages are only useful for `useful_for` from now. A backend that cannot deliver them
+    /// in time may answer [`BackendError::Late`] instead (in-process backends deliver at
+    /// once, so they never do).
+    fn submit_prefetch(
+        &self,
+        keys: Vec<PageKey>,
+        buf: PageBuf,
+        useful_for: std::time::Duration,
+    ) -> Completion {
+        let _ = useful_for;
+        self.submit_read(IoClass::Prefetch, keys, buf)
+    }
+
+    /// Store `keys.len()` pages from `buf`. When the completion reports success, every page
+    /// is durable in the backend (the runtime may drop its local copies).
+    fn submit_write(&self, class: IoClass, keys: Vec<PageKey>, buf: PageBuf) -> Completion;
+
+    /// Bytes the backend uses to hold the pages (after compression, if any).
+    fn stored_bytes(&self) -> u64;
+
+    /// Backend-specific counters for the statistics (reconnections, resent requests...).
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
+}

@@ -1,0 +1,57 @@
+//! The control thread: one per runtime, the one that keeps things moving in the background.
+//!
+//! Each round it completes read-ahead batches nobody came back for, drains the fetch paths'
+//! queued bookkeeping into the policy (`book.rs`), steals faults from a fault thread that has
+//! been busy too long (Eden's fault stealing: a large fetch or a direct reclaim must not
+//! hold up every other fault), and reclaims ahead of demand: it keeps `free_target` pages of
+//! budget free by evicting batches (Fastswap's offloaded reclaim), so that fetches rarely
+//! have to reclaim for themselves. It sleeps on a condition variable when there is nothing
+//! to do; fetches that take budget below the free target kick it awake.
+//!
+//! It may wait on: the policy lock, page locks held by evictions (its own), the backend (a
+//! write-back, or a stolen fault's read). It never waits for a program thread.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::fault::FaultServer;
+use crate::fetch::readahead;
+use crate::reclaim;
+use crate::state::State;
+
+/// The control thread's loop.
+pub(crate) fn run(st: Arc<State>) {
+    let steal_after = st.cfg.steal_after_us * 1000;
+    let tick = Duration::from_micros(st.cfg.steal_after_us.clamp(100, 10_000));
+    let mut stealer = FaultServer::new();
+    while !st.shutdown.load(Ordering::Acquire) {
+        readahead::sweep(&st, Duration::from_millis(50));
+        // The fetch paths' queued bookkeeping, in one batch.
+        drop(st.policy());
+        let busy = st.fault_busy_since.load(Ordering::Acquire);
+        if busy != 0 && st.now_ns().saturating_sub(busy) > steal_after {
+            stealer.steal(&st);
+        }
+        if st.reclaim_paused.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
+        }
+        if st.free_pages() < st.free_target {
+            let goal = (st.free_target + st.cfg.evict_batch).min(st.budget);
+            while st.free_pages() < goal && !st.shutdown.load(Ordering::Acquire) {
+                if reclaim::evict_batch(&st, st.cfg.evict_batch) == 0 {
+                    std::thread::yield_now();
+                    break;
+                }
+            }
+            continue;
+        }
+        let mut g = st.control_lock.lock();
+        st.control_sleeping.store(true, Ordering::SeqCst);
+        if st.free_pages() >= st.free_target && !st.shutdown.load(Ordering::Acquire) {
+            st.control_cv.wait_for(&mut g, tick);
+        }
+        st.control_sleeping.store(false, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,248 @@
+//! The two phases that touch the backend and the page tables, shared by demand fetches and
+//! asynchronous read-ahead: submit the read of the locked pages that have a far copy, then
+//! install every locked page (fetched or zero-filled) run by run and publish its word.
+
+use std::cell::RefCell;
+use std::sync::atomic::Ordering;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use farmem_proto::{IoClass, PageKey};
+use farmem_sys::mem::{self, PAGE_SIZE};
+use farmem_sys::uffd;
+
+use super::request::{InFlight, Locked, Mode, Request};
+use crate::backend::error::BackendError;
+use crate::backend::io::{Completion, PageBuf};
+use crate::error::{Error, Result};
+use crate::page::table;
+use crate::page::word::Hotness;
+use crate::regions::RegionInfo;
+use crate::state::State;
+use crate::stats::add;
+
+/// Most demanded pages locked and fetched in one go; longer hints loop.
+pub(crate) const DEMAND_CHUNK: usize = 256;
+/// Size of the shared read-only zero source (enough for any one run).
+const ZERO_PAGES: usize = DEMAND_CHUNK + 4096;
+
+/// A read-only, never-written mapping: reads as zeros, costs no memory.
+fn zero_source() -> *const u8 {
+    static ZERO: OnceLock<usize> = OnceLock::new();
+    *ZERO.get_or_init(|| {
+        mem::map_anon(ZERO_PAGES * PAGE_SIZE, libc::PROT_READ).expect("mapping the zero source")
+            as usize
+    }) as *const u8
+}
+
+/// A per-thread slot for a reusable page buffer.
+pub(crate) type BufSlot = &'static std::thread::LocalKey<RefCell<Option<PageBuf>>>;
+
+thread_local! {
+    /// Per-thread scratch used to assemble runs that mix zero and fetched pages.
+    static SCRATCH: RefCell<Option<PageBuf>> = const { RefCell::new(None) };
+}
+
+/// This thread's buffer from `slot` if it holds `pages`, else a new one.
+pub(crate) fn take_buf(slot: BufSlot, pages: usize) -> PageBuf {
+    slot.with(|s| match s.borrow_mut().take() {
+        Some(b) if b.capacity() >= pages => b,
+        _ => PageBuf::new(pages.next_power_of_two().max(64)),
+    })
+}
+
+pub(crate) fn give_buf(slot: BufSlot, b: PageBuf) {
+    slot.with(|s| *s.borrow_mut() = Some(b));
+}
+
+fn addr_of(vpn: usize) -> usize {
+    vpn * PAGE_SIZE
+}
+
+/// The deadline of a read-ahead whose pages its stream is expected to pass in `pace_based`,
+/// never below the configured floor ([`crate::Config::prefetch_deadline_us`]).
+///
+/// The server serves demand before prefetch, so without a deadline a read-ahead could wait
+/// for as long as other threads keep reading, and hold the threads that reach its pages as
+/// long. But a read-ahead that arrives after its stream would have passed at full speed is
+/// not useless: the stream waits for it instead of faulting page by page (deadlines of the
+/// pace alone dropped most windows of a prefetched scan and made it several times slower:
+/// the pace of a prefetched stream is that of its hits). A window is useless once a demand
+/// read issued when the stream reached it would have been faster: when it has waited in the
+/// queue far longer than a demand read takes. The floor is that bound.
+pub(crate) fn prefetch_deadline(st: &State, pace_based: Option<Duration>) -> Duration {
+    let floor = Duration::from_micros(st.cfg.prefetch_deadline_us);
+    pace_based.map_or(floor, |d| d.max(floor))
+}
+
+/// Submit the backend read of the pages among `pages` that have a far copy (none if all
+/// are fresh), into a buffer from `buf(pages)`. A prefetch with `useful_for` may come back
+/// [`BackendError::Late`] instead (see [`crate::backend::Backend::submit_prefetch`]).
+pub(crate) fn submit_phase(
+    st: &State,
+    reg: &RegionInfo,
+    pages: &[Locked],
+    class: IoClass,
+    useful_for: Option<Duration>,
+    buf: impl FnOnce(usize) -> PageBuf,
+) -> Result<Option<InFlight>> {
+    let mut keys = Vec::new();
+    for l in pages {
+        if l.old.has_far_copy() {
+            keys.push(PageKey {
+                region: reg.id,
+                page: reg.index_of(l.vpn),
+            });
+        } else if l.old.ever_written() {
+            return Err(Error::NoFarCopy(addr_of(l.vpn)));
+        }
+    }
+    if keys.is_empty() {
+        return Ok(None);
+    }
+    let n = keys.len();
+    let completion = match useful_for {
+        Some(d) if class == IoClass::Prefetch => st.backend.submit_prefetch(keys, buf(n), d),
+        _ => st.backend.submit_read(class, keys, buf(n)),
+    };
+    Ok(Some(InFlight {
+        completion,
+        pages: n,
+    }))
+}
+
+/// Wait for a prefetch read: `Err` if the backend dropped it as late (nothing was read), else
+/// the finished read, ready for [`install_phase`].
+pub(crate) fn arrived_in_time(
+    read: Option<InFlight>,
+) -> std::result::Result<Option<InFlight>, String> {
+    let Some(r) = read else { return Ok(None) };
+    match r.completion.wait() {
+        Err(BackendError::Late(msg)) => Err(msg),
+        result => Ok(Some(InFlight {
+            completion: Completion::ready(result),
+            ..r
+        })),
+    }
+}
+
+/// Give back locked pages whose read was dropped: each goes back to its word before the lock
+/// (absent, far copy intact), which wakes whoever waits for it, and its budget is returned.
+pub(crate) fn release_unread(st: &State, pages: &[Locked]) {
+    for l in pages {
+        table::slot(l.vpn).unlock(l.old);
+    }
+    st.resident.fetch_sub(pages.len(), Ordering::AcqRel);
+    add(&st.stats.c.prefetch_dropped_late, pages.len() as u64);
+}
+
+/// Wait for a class's read (if any) and install its pages (ascending vpn order) run by run;
+/// the receive buffer goes back through `recycle`.
+pub(crate) fn install_phase(
+    st: &State,
+    reg: &RegionInfo,
+    req: &Request,
+    pages: &[Locked],
+    read: Option<InFlight>,
+    recycle: impl FnOnce(PageBuf),
+) -> Result<()> {
+    let received = match read {
+        None => None,
+        Some(r) => {
+            let n = r.pages;
+            let done = r.completion.wait().map_err(|e| {
+                Error::backend(
+                    st.backend.describe(),
+                    Some(format!("reading {n} page(s) of region {}", reg.id)),
+                    e,
+                )
+            })?;
+            add(&st.stats.c.pages_fetched, n as u64);
+            add(&st.stats.c.bytes_read, (n * PAGE_SIZE) as u64);
+            Some(done.buf)
+        }
+    };
+
+    let mut packed = 0usize; // index of the next fetched page in `received`
+    let mut i = 0;
+    while i < pages.len() {
+        // A run: consecutive pages with the same protection.
+        let mut j = i + 1;
+        while j < pages.len()
+            && pages[j].vpn == pages[j - 1].vpn + 1
+            && pages[j].writable == pages[i].writable
+        {
+            j += 1;
+        }
+        let run = &pages[i..j];
+        let remote = run.iter().filter(|l| l.old.has_far_copy()).count();
+        let mut scratch = None;
+        let src: *const u8 = if remote == 0 {
+            add(&st.stats.c.zero_fills, run.len() as u64);
+            zero_source()
+        } else if remote == run.len() {
+            // SAFETY: `received` holds keys.len() pages; this run's pages are the next
+            // `run.len()` of them, in order.
+            unsafe {
+                received
+                    .as_ref()
+                    .expect("fetched pages")
+                    .as_ptr()
+                    .add(packed * PAGE_SIZE)
+            }
+        } else {
+            let mut s = take_buf(&SCRATCH, run.len());
+            s.set_len(run.len());
+            let rb = received.as_ref().expect("fetched pages");
+            let mut p = packed;
+            for (k, l) in run.iter().enumerate() {
+                if l.old.has_far_copy() {
+                    s.page_mut(k).copy_from_slice(rb.page(p));
+                    p += 1;
+                } else {
+                    s.page_mut(k).fill(0);
+                    add(&st.stats.c.zero_fills, 1);
+                }
+            }
+            let ptr = s.as_ptr();
+            scratch = Some(s);
+            ptr
+        };
+        packed += remote;
+        let mode = if run[0].writable {
+            0
+        } else {
+            uffd::COPY_MODE_WP
+        };
+        // Counted first: a woken thread that reads the statistics sees its page counted.
+        add(&st.stats.c.install_ioctls, 1);
+        add(&st.stats.c.pages_installed, run.len() as u64);
+        // The copy wakes the faulting threads itself (PFA's minimal path: no separate
+        // UFFDIO_WAKE, ~4% of an unhinted fault here). A woken thread may find the page's
+        // word still locked for the few nanoseconds until the loop below: hints then wait on
+        // the lock, and `Region::is_resident` waits for it too.
+        st.uffd
+            .copy(addr_of(run[0].vpn), src, run.len() * PAGE_SIZE, mode)
+            .map_err(|e| Error::sys("installing pages (UFFDIO_COPY)", e))?;
+        if let Some(s) = scratch {
+            give_buf(&SCRATCH, s);
+        }
+        for l in run {
+            let hotness = if req.mode == Mode::Fault {
+                let (h, recent) = st.workingset.at_fault_install(l.old);
+                if recent {
+                    add(&st.stats.c.recent_refaults, 1);
+                }
+                h
+            } else {
+                Hotness::Used
+            };
+            table::slot(l.vpn).unlock(l.old.installed(l.writable, req.prio, hotness));
+        }
+        i = j;
+    }
+    if let Some(b) = received {
+        recycle(b);
+    }
+    Ok(())
+}

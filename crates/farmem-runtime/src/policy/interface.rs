@@ -1,0 +1,35 @@
+//! What a reclaim policy is, and where it learns about use.
+
+/// Where a policy learns whether a page was used since it last looked.
+pub(crate) trait UseBits {
+    /// Was `vpn` used since the previous call for it (or since it became resident)? Marks it
+    /// idle, so that the next call answers for the time from now on.
+    fn used_since_last_look(&self, vpn: usize) -> bool;
+}
+
+/// Pages are named by their virtual page number (unique across regions).
+pub(crate) trait Policy: Send {
+    /// Pages just became resident; `prio` is the hint's eviction priority (0 if none).
+    fn insert(&mut self, vpns: &[usize], prio: u8);
+
+    /// Remove and return up to `n` eviction candidates, best victim first. The reclaimer
+    /// hands back the ones it could not evict right now through [`Policy::reinsert`].
+    fn take_victims(&mut self, n: usize, out: &mut Vec<usize>, bits: &dyn UseBits);
+
+    /// Return a candidate that could not be evicted now (locked, or kept local because the
+    /// far tier was full).
+    fn reinsert(&mut self, vpn: usize);
+
+    /// Forget every page in `[first, first + n)` (region destroyed).
+    fn remove_range(&mut self, first: usize, n: usize);
+
+    /// Number of pages tracked.
+    fn len(&self) -> usize;
+
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn name(&self) -> &'static str;
+}

@@ -1,0 +1,123 @@
+//! The state a runtime's threads share: its configuration, userfaultfd, backend, policy,
+//! budget, regions and read-ahead in flight. Every path (faults, hints, reclaim, the control
+//! thread) works on a [`State`]; the public [`crate::Runtime`] handle owns one and its
+//! threads. This module holds data and small accessors only: it calls none of the paths.
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use farmem_sys::mem::{Unmapper, PAGE_SIZE};
+use farmem_sys::uffd::Uffd;
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::backend::io::Backend;
+use crate::book::Book;
+use crate::config::Config;
+use crate::fetch::batches::InFlightSet;
+use crate::policy::Policy;
+use crate::regions::{RegionInfo, Regions};
+use crate::stats::{Stats, StatsSnapshot};
+use crate::workingset::WorkingSet;
+
+/// State shared by the runtime's threads and every thread that hints or faults.
+pub(crate) struct State {
+    pub cfg: Config,
+    pub uffd: Uffd,
+    pub unmapper: Unmapper,
+    pub backend: Arc<dyn Backend>,
+    pub policy: Mutex<Box<dyn Policy>>,
+    /// Bookkeeping deferred off the fetch path, drained into `policy` (see `book.rs`).
+    pub book: Book,
+    /// Budget and free target, in pages.
+    pub budget: usize,
+    pub free_target: usize,
+    /// Pages installed plus pages reserved by in-flight fetches.
+    pub resident: AtomicUsize,
+    pub stats: Stats,
+    pub shutdown: AtomicBool,
+    /// Control thread wake-up.
+    pub control_lock: Mutex<()>,
+    pub control_cv: Condvar,
+    pub control_sleeping: AtomicBool,
+    /// eventfd that wakes the fault threads out of poll() at shutdown.
+    pub wake_fd: OwnedFd,
+    /// Nanoseconds since `epoch` at which the fault thread began serving its current batch
+    /// (0: idle). The control thread steals faults when this gets old.
+    pub fault_busy_since: AtomicU64,
+    pub epoch: Instant,
+    pub regions: Regions,
+    pub next_region: AtomicU32,
+    /// Until when (`now_ns`) dirty pages are not offered to a far tier that refused some,
+    /// and the current backoff (see `reclaim.rs`).
+    pub far_full_until: AtomicU64,
+    pub far_full_backoff: AtomicU64,
+    /// Read-ahead batches in flight (see `fetch/readahead.rs`).
+    pub inflight: InFlightSet,
+    /// Reclaim is paused while a fork brings far pages back (see `fork.rs`); fetches may
+    /// then exceed the budget.
+    pub reclaim_paused: AtomicBool,
+    /// Held shared by every eviction batch, exclusively by a fork in preparation, which so
+    /// waits for the batches in flight.
+    pub evict_gate: RwLock<()>,
+    /// The eviction clock and the refault rules (see `workingset.rs`).
+    pub workingset: WorkingSet,
+}
+
+impl State {
+    pub fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64 + 1
+    }
+
+    /// The region of this runtime containing `addr`.
+    pub fn region_of(&self, addr: usize) -> Option<RegionInfo> {
+        self.regions.containing(addr)
+    }
+
+    pub fn free_pages(&self) -> usize {
+        self.budget
+            .saturating_sub(self.resident.load(Ordering::Relaxed))
+    }
+
+    /// Ask the control thread to reclaim (cheap when it is already awake).
+    pub fn kick_control(&self) {
+        if self.control_sleeping.load(Ordering::Relaxed) {
+            let _g = self.control_lock.lock();
+            self.control_cv.notify_one();
+        }
+    }
+
+    /// Wake every runtime thread (shutdown).
+    pub fn wake_all(&self) {
+        let _g = self.control_lock.lock();
+        self.control_cv.notify_all();
+    }
+
+    /// The reclaim policy, with every page fetched so far handed to it.
+    pub fn policy(&self) -> parking_lot::MutexGuard<'_, Box<dyn Policy>> {
+        let mut p = self.policy.lock();
+        self.book.drain(p.as_mut(), &self.stats);
+        p
+    }
+
+    pub fn snapshot(&self) -> StatsSnapshot {
+        // Latencies still queued belong in the histogram.
+        drop(self.policy());
+        let mut s = self.stats.snapshot();
+        s.budget_bytes = (self.budget * PAGE_SIZE) as u64;
+        s.resident_pages = self.resident.load(Ordering::Relaxed) as u64;
+        s.backend_bytes = self.backend.stored_bytes();
+        s.prefetch_inflight = self.inflight.len() as u64;
+        s
+    }
+
+    /// Statistics followed by the backend's own counters, for people.
+    pub fn report(&self) -> String {
+        let mut out = self.snapshot().to_string();
+        for (name, v) in self.backend.counters() {
+            out.push_str(&format!("\n  {name:<20}{v:>12}"));
+        }
+        out
+    }
+}
