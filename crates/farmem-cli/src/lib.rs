@@ -53,7 +53,7 @@ pub fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(a) => farmem_bench::run(a),
-        Cmd::Server(a) => farmem_server::run(a),
+        Cmd::Server(a) => Ok(farmem_server::run(a)?),
         Cmd::Run(a) => run::run(a),
         Cmd::Trace(a) => trace::run(a),
     }

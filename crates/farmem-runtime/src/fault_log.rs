@@ -162,12 +162,12 @@ fn log() -> Option<&'static Mutex<Log>> {
 }
 
 /// Whether faults are being logged (`FARMEM_TRACE_DIR` is set).
-pub fn enabled() -> bool {
+pub(crate) fn enabled() -> bool {
     log().is_some()
 }
 
 /// Log one fault (no-op unless tracing).
-pub fn record(r: FaultRecord) {
+pub(crate) fn record(r: FaultRecord) {
     if let Some(l) = log() {
         let mut l = l.lock();
         r.encode(&mut l.buf);

@@ -26,7 +26,7 @@ pub mod fault_log;
 mod hint;
 mod runtime;
 pub mod scope;
-pub mod stats;
+mod stats;
 #[cfg(feature = "testing")]
 pub mod testing;
 

@@ -89,7 +89,7 @@ counters! {
     prefetch_dropped_late: "Read-ahead pages the far tier dropped unread: they could not arrive before their stream passed them.",
 }
 
-pub struct Stats {
+pub(crate) struct Stats {
     pub c: Counters,
     fetch_ns: Mutex<Histogram<u64>>,
     evict_ns: Mutex<Histogram<u64>>,
@@ -112,7 +112,7 @@ impl Default for Stats {
 }
 
 #[inline]
-pub fn add(c: &AtomicU64, n: u64) {
+pub(crate) fn add(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
 }
 

@@ -12,7 +12,17 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Source text with comments, string and char literals blanked out (lengths kept).
+/// The index just past the literal that starts with the quote at `start` (escapes skipped).
+fn past_quoted(b: &[u8], start: usize) -> usize {
+    let quote = b[start];
+    let mut i = start + 1;
+    while i < b.len() && b[i] != quote {
+        i += if b[i] == b'\\' { 2 } else { 1 };
+    }
+    i + 1
+}
+
+/// Source text with comments, string and char literals blanked out.
 fn strip(src: &str) -> String {
     let b = src.as_bytes();
     let mut out = String::with_capacity(src.len());
@@ -62,20 +72,12 @@ fn strip(src: &str) -> String {
             }
             continue;
         } else if b[i] == b'"' {
-            i += 1;
-            while i < b.len() && b[i] != b'"' {
-                i += if b[i] == b'\\' { 2 } else { 1 };
-            }
-            i += 1;
+            i = past_quoted(b, i);
             out.push_str("\"\"");
             continue;
         } else if b[i] == b'\'' && i + 2 < b.len() && (b[i + 2] == b'\'' || b[i + 1] == b'\\') {
             // A char literal ('x' or '\n'), not a lifetime.
-            i += 1;
-            while i < b.len() && b[i] != b'\'' {
-                i += if b[i] == b'\\' { 2 } else { 1 };
-            }
-            i += 1;
+            i = past_quoted(b, i);
             out.push_str("' '");
             continue;
         } else {

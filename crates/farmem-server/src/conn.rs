@@ -21,18 +21,18 @@ const RBUF: usize = 64 << 10;
 /// Reusable frame buffers by power-of-two size class, so a stream of batched writes does not
 /// allocate (and fault in) megabytes per request.
 #[derive(Default)]
-pub struct BufPool {
+pub(crate) struct BufPool {
     classes: Vec<Vec<Vec<u8>>>,
 }
 
 /// A frame body in a pooled buffer (`buf[..len]` is the body).
-pub struct Body {
-    pub buf: Vec<u8>,
-    pub len: usize,
+pub(crate) struct Body {
+    pub(crate) buf: Vec<u8>,
+    pub(crate) len: usize,
 }
 
 impl Body {
-    pub fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         &self.buf[..self.len]
     }
 }
@@ -49,7 +49,7 @@ impl BufPool {
             - Self::MIN_SHIFT) as usize
     }
 
-    pub fn get(&mut self, len: usize) -> Body {
+    pub(crate) fn get(&mut self, len: usize) -> Body {
         let c = Self::class(len);
         let buf = self
             .classes
@@ -59,7 +59,7 @@ impl BufPool {
         Body { buf, len }
     }
 
-    pub fn put(&mut self, b: Body) {
+    pub(crate) fn put(&mut self, b: Body) {
         let c = Self::class(b.buf.len());
         if self.classes.len() <= c {
             self.classes.resize_with(c + 1, Vec::new);
@@ -70,7 +70,7 @@ impl BufPool {
     }
 }
 
-pub enum State {
+pub(crate) enum State {
     /// Waiting for the client's Hello.
     Hello,
     /// Challenge sent; waiting for the proof.
@@ -85,7 +85,7 @@ pub enum State {
     Ready { tenant: usize, session: SessionIdx },
 }
 
-pub enum Next {
+pub(crate) enum Next {
     Frame(Header, Body),
     /// Nothing more to read now.
     Drained,
@@ -95,34 +95,34 @@ pub enum Next {
     Eof,
 }
 
-pub struct Conn {
-    pub sock: TcpStream,
-    pub peer: SocketAddr,
-    pub state: State,
+pub(crate) struct Conn {
+    pub(crate) sock: TcpStream,
+    pub(crate) peer: SocketAddr,
+    pub(crate) state: State,
     /// The handshake must finish by then.
-    pub deadline: Option<Instant>,
+    pub(crate) deadline: Option<Instant>,
     rbuf: Box<[u8]>,
     rstart: usize,
     rend: usize,
     big: Option<(Header, Body, usize)>,
     out: VecDeque<Vec<u8>>,
     out_off: usize,
-    pub out_bytes: usize,
+    pub(crate) out_bytes: usize,
     /// Bytes held for this connection: bodies of queued requests, replies announced by
     /// them, and unsent output. Reading pauses while this exceeds the window.
-    pub held: usize,
+    pub(crate) held: usize,
     /// Ids of requests queued or being served (a reused id is a protocol violation).
-    pub inflight: HashSet<u64>,
+    pub(crate) inflight: HashSet<u64>,
     /// Reading stopped for the budget while the socket may still have data.
-    pub paused: bool,
+    pub(crate) paused: bool,
     /// Frame bodies allocated since the engine last looked (it adds them to `held`).
-    pub allocated: usize,
+    pub(crate) allocated: usize,
     /// When bytes last arrived.
     last_read: Instant,
 }
 
 impl Conn {
-    pub fn new(sock: TcpStream, peer: SocketAddr, deadline: Instant) -> Conn {
+    pub(crate) fn new(sock: TcpStream, peer: SocketAddr, deadline: Instant) -> Conn {
         Conn {
             sock,
             peer,
@@ -144,7 +144,7 @@ impl Conn {
     }
 
     /// The tenant, once authenticated.
-    pub fn tenant(&self) -> Option<usize> {
+    pub(crate) fn tenant(&self) -> Option<usize> {
         match self.state {
             State::Ready { tenant, .. } => Some(tenant),
             _ => None,
@@ -153,7 +153,7 @@ impl Conn {
 
     /// Part of a frame arrived and nothing more for `limit` (a client that holds server
     /// memory with frames it never finishes).
-    pub fn stalled_mid_frame(&self, now: Instant, limit: std::time::Duration) -> bool {
+    pub(crate) fn stalled_mid_frame(&self, now: Instant, limit: std::time::Duration) -> bool {
         (self.big.is_some() || self.rend > self.rstart)
             && now.duration_since(self.last_read) > limit
     }
@@ -179,7 +179,11 @@ impl Conn {
 
     /// The next complete frame, or why there is none. A body is allocated only if it fits
     /// in `allowance` bytes (what the connection and the server may still hold).
-    pub fn next_frame(&mut self, pool: &mut BufPool, allowance: usize) -> Result<Next, ConnError> {
+    pub(crate) fn next_frame(
+        &mut self,
+        pool: &mut BufPool,
+        allowance: usize,
+    ) -> Result<Next, ConnError> {
         loop {
             if let Some((h, mut body, filled)) = self.big.take() {
                 if filled == body.len {
@@ -253,7 +257,7 @@ impl Conn {
 
     /// Send `parts` as one message: straight to the socket if nothing is queued before it,
     /// the rest copied into the output queue. Returns the bytes queued.
-    pub fn send(&mut self, parts: &[&[u8]]) -> io::Result<usize> {
+    pub(crate) fn send(&mut self, parts: &[&[u8]]) -> io::Result<usize> {
         let total: usize = parts.iter().map(|p| p.len()).sum();
         let mut sent = 0;
         if self.out.is_empty() {
@@ -294,7 +298,7 @@ impl Conn {
     }
 
     /// Write queued output. Returns the bytes written.
-    pub fn flush(&mut self) -> io::Result<usize> {
+    pub(crate) fn flush(&mut self) -> io::Result<usize> {
         let mut written = 0;
         while let Some(front) = self.out.front() {
             match self.sock.write(&front[self.out_off..]) {
@@ -318,7 +322,7 @@ impl Conn {
 }
 
 /// Why a connection must close.
-pub enum ConnError {
+pub(crate) enum ConnError {
     Io(io::Error),
     Proto(ProtoError),
     OutOfOrder(String),

@@ -1,24 +1,52 @@
-//! farmem-server: the memory server behind `farmem server`. It stores pages for many clients at once (each
-//! program a session inside its tenant's namespace), authenticates them by challenge-response,
-//! shares its service among tenants by weighted fair queuing and exposes metrics.
+//! farmem-server: the memory server behind `farmem server`. It stores pages for many
+//! clients at once (each program a session inside its tenant's namespace), authenticates
+//! them by challenge-response, shares its service among tenants by weighted fair queuing and
+//! exposes metrics.
 
+// The engine is one struct (`state::Engine`) whose work is split by concept into `impl Engine`
+// blocks. Each module uses only those listed before it:
+//   state        the engine's state, the records it keeps, its construction
+//   tenancy      tenants and sessions: creation, attach/detach, expiry, page accounting
+//   closing      closing a connection (and all of them at shutdown)
+//   output       replies and error replies sent, output flushed, frame bodies released
+//   handshake    Hello, challenge, proof, Welcome
+//   dispatch     what a request does when served: read, write, free; stats
+//   service      requests queued in the weighted fair queue; a turn of service
+//   event_loop   the poll loop: accept, read frames, serve, flush, periodic work
+// Below them all, not knowing of the engine: `conn` (a connection's framing and output
+// queue), `store` (the page store), `wfq` (the fair queue), `bucket` (the bandwidth cap),
+// `holdings` (memory held), `metrics` (counters and their HTTP endpoint).
+mod bucket;
+mod closing;
 mod conn;
-mod engine;
-pub mod metrics;
+mod dispatch;
+mod event_loop;
+mod handshake;
+mod holdings;
+mod metrics;
+mod output;
+mod service;
+mod state;
 mod store;
+mod tenancy;
 mod wfq;
 
-use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+// For `run`: the command line's addresses and secrets, `--stats`, and errors.
+mod addr;
+mod error;
+mod scrape;
+mod tokens;
+
+use std::net::TcpListener;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
-use farmem_proto::auth::Secret;
 use farmem_proto::size::parse_size;
-use farmem_proto::tokens::{TokenEntry, TokenFile};
 use farmem_proto::PAGE_SIZE;
+
+pub use error::ServerError;
 
 #[derive(clap::Args)]
 #[command(after_help = "\
@@ -81,62 +109,24 @@ pub struct Args {
     stats: Option<String>,
 }
 
-fn load_tokens(a: &Args) -> Result<(TokenFile, String)> {
-    if let Some(path) = &a.token_file {
-        let text = farmem_sys::secret_file::read(path).map_err(anyhow::Error::msg)?;
-        let f = TokenFile::parse(&text)
-            .map_err(|e| anyhow::anyhow!("token file {}: {e}", path.display()))?;
-        let named = f.entries.iter().filter(|e| e.tenant.is_some()).count();
-        let desc = match (named, f.shared().is_some()) {
-            (0, _) => format!("one shared secret from {}", path.display()),
-            (n, false) => format!("{n} tenant(s) from {}", path.display()),
-            (n, true) => format!("{n} tenant(s) and a shared secret from {}", path.display()),
-        };
-        return Ok((f, desc));
-    }
-    match std::env::var("FARMEM_TOKEN")
-        .ok()
-        .and_then(|t| Secret::from_text(&t))
-    {
-        Some(secret) => Ok((
-            TokenFile {
-                entries: vec![TokenEntry {
-                    tenant: None,
-                    secret,
-                    weight: None,
-                    quota_bytes: None,
-                }],
-            },
-            "one shared secret from FARMEM_TOKEN".into(),
-        )),
-        None => bail!(
-            "no secret to authenticate clients with: give --token-file FILE, or set \
-             FARMEM_TOKEN (make one with: head -c 32 /dev/urandom | base64)"
-        ),
-    }
-}
-
-fn resolve(addr: &str, what: &str) -> Result<SocketAddr> {
-    addr.to_socket_addrs()
-        .with_context(|| format!("{what} '{addr}'"))?
-        .next()
-        .with_context(|| format!("{what} '{addr}' resolves to no address"))
-}
-
-pub fn run(a: Args) -> Result<()> {
+/// Run `farmem server` with these arguments: serve until SIGINT or SIGTERM, or with
+/// `--stats`, print a running server's metrics.
+pub fn run(a: Args) -> Result<(), ServerError> {
     if let Some(addr) = &a.stats {
-        let text = metrics::scrape(addr)?;
-        print!("{}", metrics::human_report(addr, &text));
+        let text = scrape::scrape(addr)?;
+        print!("{}", scrape::human_report(addr, &text));
         return Ok(());
     }
-    let (tokens, auth_desc) = load_tokens(&a)?;
+    let (tokens, auth_desc) = tokens::load_tokens(a.token_file.as_deref())?;
     let capacity_bytes = match &a.capacity {
-        Some(c) => parse_size(c).context("--capacity")?,
+        Some(c) => parse_size(c).map_err(ServerError::size("--capacity"))?,
         None => farmem_sys::mem::physical_memory() / 2,
     };
     let capacity_pages = (capacity_bytes / PAGE_SIZE as u64) as usize;
     if capacity_pages == 0 {
-        bail!("--capacity must be at least one page (4K)");
+        return Err(ServerError::BadOption(
+            "--capacity must be at least one page (4K)",
+        ));
     }
     if capacity_bytes > farmem_sys::mem::physical_memory() {
         tracing::warn!(
@@ -146,33 +136,38 @@ pub fn run(a: Args) -> Result<()> {
         );
     }
     let default_quota_pages = match &a.default_quota {
-        Some(q) => parse_size(q).context("--default-quota")? / PAGE_SIZE as u64,
+        Some(q) => parse_size(q).map_err(ServerError::size("--default-quota"))? / PAGE_SIZE as u64,
         None => capacity_pages as u64,
     };
     let max_pages_per_s = match &a.max_bandwidth {
         Some(b) => {
-            let bytes = parse_size(b.trim_end_matches("/s")).context("--max-bandwidth")?;
+            let bytes = parse_size(b.trim_end_matches("/s"))
+                .map_err(ServerError::size("--max-bandwidth"))?;
             if bytes < PAGE_SIZE as u64 {
-                bail!("--max-bandwidth must be at least one page (4K) per second");
+                return Err(ServerError::BadOption(
+                    "--max-bandwidth must be at least one page (4K) per second",
+                ));
             }
             Some(bytes as f64 / PAGE_SIZE as f64)
         }
         None => None,
     };
-    let listen = resolve(&a.listen, "--listen")?;
+    let listen = addr::resolve(&a.listen, "--listen")?;
     if !listen.ip().is_loopback() {
         tracing::warn!(
             "listening on {listen}, reachable from other machines: traffic is authenticated \
              but not encrypted"
         );
     }
-    let listener = TcpListener::bind(listen).with_context(|| format!("binding {listen}"))?;
+    let listener =
+        TcpListener::bind(listen).map_err(ServerError::sys(format!("binding {listen}")))?;
     let bound = listener.local_addr()?;
     let m = Arc::new(metrics::Metrics::new(capacity_pages as u64));
     let metrics_desc = match &a.metrics {
         Some(addr) => {
-            let maddr = resolve(addr, "--metrics")?;
-            let l = TcpListener::bind(maddr).with_context(|| format!("binding {maddr}"))?;
+            let maddr = addr::resolve(addr, "--metrics")?;
+            let l =
+                TcpListener::bind(maddr).map_err(ServerError::sys(format!("binding {maddr}")))?;
             let bound = l.local_addr()?;
             let m2 = m.clone();
             std::thread::Builder::new()
@@ -185,9 +180,9 @@ pub fn run(a: Args) -> Result<()> {
     let (sig_read, sig_write) = UnixStream::pair()?;
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::low_level::pipe::register(sig, sig_write.try_clone()?)
-            .context("installing signal handlers")?;
+            .map_err(ServerError::sys("installing signal handlers"))?;
     }
-    let cfg = engine::Config {
+    let cfg = state::Config {
         capacity_pages,
         tokens,
         default_quota_pages,
@@ -200,8 +195,9 @@ pub fn run(a: Args) -> Result<()> {
         spin: Duration::from_micros(a.spin_us),
         max_pages_per_s,
     };
-    let mut engine = engine::Engine::new(cfg, listener, sig_read, m)
-        .context("starting the server (reserving the page store)")?;
+    let mut engine = state::Engine::new(cfg, listener, sig_read, m).map_err(ServerError::sys(
+        "starting the server (reserving the page store)",
+    ))?;
     // The first line is for scripts and tests: the address actually bound.
     let cap = match max_pages_per_s {
         Some(r) => format!(
@@ -217,7 +213,7 @@ pub fn run(a: Args) -> Result<()> {
     );
     use std::io::Write;
     std::io::stdout().flush()?;
-    engine.run().context("server loop")?;
+    engine.run().map_err(ServerError::sys("server loop"))?;
     eprintln!("farmem server: stopped");
     Ok(())
 }

@@ -13,7 +13,7 @@ use farmem_proto::PAGE_SIZE;
 use farmem_sys::mem;
 
 /// Server-internal number of a session.
-pub type SessionIdx = u32;
+pub(crate) type SessionIdx = u32;
 
 /// Pages per index chunk: one hash lookup finds the chunk, an array index finds the page.
 /// Consecutive pages (what batches carry) share a chunk; a sparse region costs at most
@@ -84,7 +84,7 @@ impl RegionIndex {
     }
 }
 
-pub struct Store {
+pub(crate) struct Store {
     base: *mut u8,
     capacity: usize,
     /// Slots below this index have been handed out at least once.
@@ -102,7 +102,7 @@ unsafe impl Send for Store {}
 
 impl Store {
     /// A store for at most `capacity` pages.
-    pub fn new(capacity: usize) -> std::io::Result<Store> {
+    pub(crate) fn new(capacity: usize) -> std::io::Result<Store> {
         if capacity == 0 || capacity > u32::MAX as usize {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
@@ -123,11 +123,11 @@ impl Store {
         })
     }
 
-    pub fn capacity(&self) -> usize {
+    pub(crate) fn capacity(&self) -> usize {
         self.capacity
     }
 
-    pub fn used(&self) -> usize {
+    pub(crate) fn used(&self) -> usize {
         self.used
     }
 
@@ -142,7 +142,7 @@ impl Store {
     }
 
     /// A stored page and its checksum.
-    pub fn get(&self, s: SessionIdx, k: PageKey) -> Option<(u32, &[u8])> {
+    pub(crate) fn get(&self, s: SessionIdx, k: PageKey) -> Option<(u32, &[u8])> {
         let slot = self.slot_of(s, k)?;
         // SAFETY: the slot is allocated; the returned borrow of `self` keeps it from being
         // freed or overwritten meanwhile.
@@ -151,12 +151,12 @@ impl Store {
     }
 
     /// How many of `keys` are not stored yet (an upper bound when keys repeat).
-    pub fn count_new(&self, s: SessionIdx, keys: impl Iterator<Item = PageKey>) -> usize {
+    pub(crate) fn count_new(&self, s: SessionIdx, keys: impl Iterator<Item = PageKey>) -> usize {
         keys.filter(|&k| self.slot_of(s, k).is_none()).count()
     }
 
     /// Store a page (the caller checked capacity). Returns whether it is a new page.
-    pub fn put(&mut self, s: SessionIdx, k: PageKey, crc: u32, page: &[u8]) -> bool {
+    pub(crate) fn put(&mut self, s: SessionIdx, k: PageKey, crc: u32, page: &[u8]) -> bool {
         assert_eq!(page.len(), PAGE_SIZE);
         let existing = self.slot_of(s, k);
         let (slot, new) = match existing {
@@ -186,7 +186,13 @@ impl Store {
     }
 
     /// Free pages `[first, first + count)` of a region. Returns how many were stored.
-    pub fn free_range(&mut self, s: SessionIdx, region: u32, first: u64, count: u64) -> usize {
+    pub(crate) fn free_range(
+        &mut self,
+        s: SessionIdx,
+        region: u32,
+        first: u64,
+        count: u64,
+    ) -> usize {
         let Some(index) = self.regions.get_mut(&(s, region)) else {
             return 0;
         };
@@ -199,7 +205,7 @@ impl Store {
     }
 
     /// Free every page of a session. Returns how many there were.
-    pub fn free_session(&mut self, s: SessionIdx) -> usize {
+    pub(crate) fn free_session(&mut self, s: SessionIdx) -> usize {
         let keys: Vec<(SessionIdx, u32)> = self
             .regions
             .keys()

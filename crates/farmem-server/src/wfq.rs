@@ -11,7 +11,7 @@
 use std::collections::VecDeque;
 
 /// Number of priority classes (demand, prefetch, write-back).
-pub const CLASSES: usize = 3;
+pub(crate) const CLASSES: usize = 3;
 
 struct Flow<J> {
     weight: f64,
@@ -21,7 +21,7 @@ struct Flow<J> {
     backlogged: bool,
 }
 
-pub struct Wfq<J> {
+pub(crate) struct Wfq<J> {
     flows: Vec<Flow<J>>,
     vtime: f64,
     jobs: usize,
@@ -42,7 +42,7 @@ impl<J> Default for Wfq<J> {
 
 impl<J> Wfq<J> {
     /// Add a flow; returns its index.
-    pub fn add_flow(&mut self, weight: u32) -> usize {
+    pub(crate) fn add_flow(&mut self, weight: u32) -> usize {
         self.flows.push(Flow {
             weight: weight.max(1) as f64,
             queues: Default::default(),
@@ -53,12 +53,12 @@ impl<J> Wfq<J> {
         self.flows.len() - 1
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.jobs == 0
     }
 
     /// Queue a job of `cost` (> 0) in a flow's class (0 = most urgent).
-    pub fn push(&mut self, flow: usize, class: usize, job: J, cost: u64) {
+    pub(crate) fn push(&mut self, flow: usize, class: usize, job: J, cost: u64) {
         let f = &mut self.flows[flow];
         if !f.backlogged {
             f.start = self.vtime.max(f.finish);
@@ -69,7 +69,7 @@ impl<J> Wfq<J> {
     }
 
     /// The next job to serve and its flow.
-    pub fn pop(&mut self) -> Option<(usize, J)> {
+    pub(crate) fn pop(&mut self) -> Option<(usize, J)> {
         let n = self.flows.len();
         let mut best: Option<usize> = None;
         for k in 1..=n {
@@ -99,13 +99,17 @@ impl<J> Wfq<J> {
     }
 
     /// Take out the queued jobs `pick` selects, of every class (their connection closed).
-    pub fn take_all_where(&mut self, pick: impl FnMut(&J) -> bool) -> Vec<(usize, J)> {
+    pub(crate) fn take_all_where(&mut self, pick: impl FnMut(&J) -> bool) -> Vec<(usize, J)> {
         self.take_where_in(0..CLASSES, pick)
     }
 
     /// Take out the jobs of one class that `pick` selects, with their flows, in queue order.
     /// They are answered without being served, so no flow is charged for them.
-    pub fn take_where(&mut self, class: usize, pick: impl FnMut(&J) -> bool) -> Vec<(usize, J)> {
+    pub(crate) fn take_where(
+        &mut self,
+        class: usize,
+        pick: impl FnMut(&J) -> bool,
+    ) -> Vec<(usize, J)> {
         self.take_where_in(class..class + 1, pick)
     }
 

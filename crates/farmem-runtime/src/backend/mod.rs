@@ -8,7 +8,7 @@
 
 pub(crate) mod error;
 pub(crate) mod io;
-pub mod local;
+pub(crate) mod local;
 pub(crate) mod spec;
 pub mod tcp;
 

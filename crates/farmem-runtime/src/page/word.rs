@@ -84,6 +84,19 @@ pub(crate) enum Hotness {
     WorkingSet(u8),
 }
 
+/// One `fn name(self) -> bool` per flag: whether the bit is set.
+macro_rules! flag_queries {
+    ($($(#[$doc:meta])* $name:ident => $bit:ident,)*) => {
+        $(
+            $(#[$doc])*
+            #[inline]
+            pub(crate) fn $name(self) -> bool {
+                self.0 & $bit != 0
+            }
+        )*
+    };
+}
+
 /// The state of one page (see the module documentation for the layout).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct PageWord(u64);
@@ -105,15 +118,21 @@ impl PageWord {
         self.0
     }
 
-    #[inline]
-    pub(crate) fn is_registered(self) -> bool {
-        self.0 & REGISTERED != 0
-    }
-
-    /// Not mapped locally.
-    #[inline]
-    pub(crate) fn is_absent(self) -> bool {
-        self.0 & ABSENT != 0
+    flag_queries! {
+        /// Belongs to a live region.
+        is_registered => REGISTERED,
+        /// Not mapped locally.
+        is_absent => ABSENT,
+        is_locked => LOCKED,
+        has_waiters => WAITERS,
+        /// The local copy must be written back before it may be dropped.
+        is_dirty => DIRTY,
+        /// The backend holds a copy (current unless dirty).
+        has_far_copy => REMOTE,
+        /// Written at least once: never to be refilled with zeros.
+        ever_written => EVER_WRITTEN,
+        /// Not used since the policy's hand last passed it.
+        is_idle => IDLE,
     }
 
     #[inline]
@@ -125,40 +144,6 @@ impl PageWord {
     #[inline]
     pub(crate) fn is_writable(self) -> bool {
         self.0 & NOWRITE == 0
-    }
-
-    #[inline]
-    pub(crate) fn is_locked(self) -> bool {
-        self.0 & LOCKED != 0
-    }
-
-    #[inline]
-    pub(crate) fn has_waiters(self) -> bool {
-        self.0 & WAITERS != 0
-    }
-
-    /// The local copy must be written back before it may be dropped.
-    #[inline]
-    pub(crate) fn is_dirty(self) -> bool {
-        self.0 & DIRTY != 0
-    }
-
-    /// The backend holds a copy (current unless dirty).
-    #[inline]
-    pub(crate) fn has_far_copy(self) -> bool {
-        self.0 & REMOTE != 0
-    }
-
-    /// Written at least once: never to be refilled with zeros.
-    #[inline]
-    pub(crate) fn ever_written(self) -> bool {
-        self.0 & EVER_WRITTEN != 0
-    }
-
-    /// Not used since the policy's hand last passed it.
-    #[inline]
-    pub(crate) fn is_idle(self) -> bool {
-        self.0 & IDLE != 0
     }
 
     /// Whether an access (`write` or read) to the page needs the runtime: it is registered
