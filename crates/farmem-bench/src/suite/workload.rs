@@ -1,6 +1,6 @@
-//! The suite's workloads: small C programs kept in `crates/farmem-bench/workloads/` (built with `cc` into
-//! the output directory, twice: plain, and hinted with a few `fm_hint` calls), and Debian's
-//! memcached with a Zipf GET load generator.
+//! The suite's workloads: small C programs kept in `crates/farmem-bench/workloads/` (built
+//! with `cc` into the output directory, twice: plain, and hinted with a few `fm_hint` calls),
+//! and Debian's memcached with a Zipf GET load generator.
 
 use std::ffi::OsString;
 use std::fmt;
