@@ -83,7 +83,7 @@ fn preload(b: &TcpBackend, pages: usize, batch: usize) -> Result<()> {
             *x = (i as u64 ^ first as u64) as u8;
         }
         b.submit_write(IoClass::WriteBack, keys(1, first as u64, n), buf)
-            .wait()
+            .wait(b.longest_wait())
             .map_err(|e| anyhow::anyhow!("preloading: {e}"))?;
         first += n;
     }
@@ -119,7 +119,9 @@ fn read_loop(
         let Some(c) = inflight.pop_front() else {
             break;
         };
-        let d = c.wait().map_err(|e| anyhow::anyhow!("reading: {e}"))?;
+        let d = c
+            .wait(b.longest_wait())
+            .map_err(|e| anyhow::anyhow!("reading: {e}"))?;
         spare.push(d.buf);
         if t.elapsed() <= end {
             done += batch as u64;
@@ -172,7 +174,7 @@ fn latency(srv: &LocalServer, a: &Args, pages: usize) -> Result<(f64, f64, f64)>
         let t = Instant::now();
         buf = b
             .submit_read(IoClass::Demand, keys(1, x % pages as u64, 1), buf)
-            .wait()
+            .wait(b.longest_wait())
             .map_err(|e| anyhow::anyhow!("reading: {e}"))?
             .buf;
         if i >= 200 {

@@ -450,7 +450,7 @@ fn client_refuses_pages_whose_checksum_does_not_match() {
     let keys: Vec<PageKey> = (0..3).map(|page| PageKey { region: 1, page }).collect();
     let e = b
         .submit_read(IoClass::Demand, keys, PageBuf::new(3))
-        .wait()
+        .wait(b.longest_wait())
         .err()
         .expect("a corrupted page must not be accepted")
         .to_string();

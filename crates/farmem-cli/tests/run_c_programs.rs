@@ -9,59 +9,19 @@
 
 use std::io::Read;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod run_support;
 mod support;
+
+use run_support::{compile, Scratch};
 
 /// A program that has not finished by then is taken to hang, and fails the test.
 const TIMEOUT: Duration = Duration::from_secs(120);
-
-/// A scratch directory for one test, removed when dropped.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let d = std::env::temp_dir().join(format!("farmem-run-c-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Scratch(d)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Compile tests/programs/NAME.c into the scratch directory.
-fn compile(name: &str, dir: &Scratch) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/programs")
-        .join(format!("{name}.c"));
-    let exe = dir.path(name);
-    let out = Command::new("cc")
-        .args(["-O2", "-pthread", "-Wall", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .expect("running cc");
-    assert!(
-        out.status.success(),
-        "compiling {}:\n{}",
-        src.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
-}
 
 struct Outcome {
     cmd: String,
@@ -281,7 +241,7 @@ fn exit_while_threads_hammer_the_heap_ends_promptly_with_status_0() {
 fn mmap_munmap_mremap_madvise_and_file_mappings_under_a_small_budget() {
     let dir = Scratch::new("mmap");
     let prog = compile("mmap", &dir);
-    let d = dir.0.to_str().unwrap().to_string();
+    let d = dir.dir().to_str().unwrap().to_string();
     let r = farmem_run(&dir, "16M", &prog, &[&d]);
     r.assert_success();
     assert!(r.stat("pages_evicted") > 0, "{}", r.describe());

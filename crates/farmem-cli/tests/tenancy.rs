@@ -29,14 +29,14 @@ fn filled(n: usize, seed: u8) -> PageBuf {
 fn write(b: &TcpBackend, keys: Vec<PageKey>, seed: u8) {
     let n = keys.len();
     b.submit_write(IoClass::WriteBack, keys, filled(n, seed))
-        .wait()
+        .wait(b.longest_wait())
         .expect("write");
 }
 
 fn read(b: &TcpBackend, keys: Vec<PageKey>) -> Result<Vec<u8>, BackendError> {
     let n = keys.len();
     b.submit_read(IoClass::Demand, keys, PageBuf::new(n))
-        .wait()
+        .wait(b.longest_wait())
         .map(|d| d.buf.bytes().to_vec())
 }
 

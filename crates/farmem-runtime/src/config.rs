@@ -73,6 +73,17 @@ pub struct Config {
     /// time drops it and its pages are read on demand. Small values drop windows that would
     /// still have saved faults (the pace of a prefetched stream is that of its hits).
     pub prefetch_deadline_us: u64,
+    /// Longest wait for the backend's answer to one request, in seconds, after which the
+    /// program stops with an error instead of waiting for ever (`FARMEM_IO_TIMEOUT_S`;
+    /// default: what the backend needs at the most, for `tcp://` 90 s plus the reconnection
+    /// window).
+    pub io_timeout_s: Option<f64>,
+    /// A page fault unserved this long is reported on stderr by the watchdog, in seconds
+    /// (`FARMEM_WATCHDOG_S`, default 20; 0: no watchdog).
+    pub watchdog_s: f64,
+    /// The watchdog stops the program instead of only reporting (`FARMEM_WATCHDOG_ABORT=1`;
+    /// for tests, where a stall is a failure to see, not to wait out).
+    pub watchdog_abort: bool,
     /// Print statistics at exit (`FARMEM_STATS=1`).
     pub stats_at_exit: bool,
 }
@@ -95,9 +106,17 @@ impl Default for Config {
             fault_spin_us: 50,
             steal_after_us: 500,
             prefetch_deadline_us: 20_000,
+            io_timeout_s: None,
+            watchdog_s: 20.0,
+            watchdog_abort: false,
             stats_at_exit: false,
         }
     }
+}
+
+/// A yes/no variable: anything but `0`, `false`, `no`, `off` is yes.
+fn flag(v: &str) -> bool {
+    !matches!(v.trim(), "0" | "false" | "no" | "off")
 }
 
 impl Config {
@@ -141,8 +160,17 @@ impl Config {
         if let Some(v) = env_num("FARMEM_STEAL_US")? {
             c.steal_after_us = v;
         }
+        if let Some(v) = env_num("FARMEM_IO_TIMEOUT_S")? {
+            c.io_timeout_s = Some(v);
+        }
+        if let Some(v) = env_num("FARMEM_WATCHDOG_S")? {
+            c.watchdog_s = v;
+        }
+        if let Some(v) = env("FARMEM_WATCHDOG_ABORT") {
+            c.watchdog_abort = flag(&v);
+        }
         if let Some(v) = env("FARMEM_STATS") {
-            c.stats_at_exit = !matches!(v.trim(), "0" | "false" | "no" | "off");
+            c.stats_at_exit = flag(&v);
         }
         c.validate()?;
         Ok(c)
@@ -182,6 +210,19 @@ impl Config {
             return Err(Error::Config(format!(
                 "hint pipeline depth {} must be at most 16 windows",
                 self.hint_pipeline
+            )));
+        }
+        if let Some(t) = self.io_timeout_s {
+            if !(t > 0.0 && t <= 86400.0) {
+                return Err(Error::Config(format!(
+                    "I/O timeout {t} s must be more than 0 and at most 86400"
+                )));
+            }
+        }
+        if !(0.0..=86400.0).contains(&self.watchdog_s) {
+            return Err(Error::Config(format!(
+                "watchdog bound {} s must be between 0 (off) and 86400",
+                self.watchdog_s
             )));
         }
         if self.max_readahead > 4096 || self.fault_readahead > 4096 {

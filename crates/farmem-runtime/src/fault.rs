@@ -29,6 +29,7 @@ use crate::page::table;
 use crate::predict::{Prediction, Predictor};
 use crate::state::State;
 use crate::stats::add;
+use crate::watchdog;
 
 #[derive(Clone, Copy, Debug)]
 struct Fault {
@@ -36,6 +37,9 @@ struct Fault {
     write: bool,
     wp: bool,
     tid: u32,
+    /// When it was read (`State::now_ns`), and whether the watchdog heard of it waiting.
+    since: u64,
+    reported: bool,
 }
 
 /// Reads and serves fault events; owns the faults it could not serve yet.
@@ -103,6 +107,8 @@ impl FaultServer {
                 write,
                 wp,
                 tid,
+                since: st.now_ns(),
+                reported: false,
             };
             add(&st.stats.c.unhinted_faults, 1);
             if self.logging {
@@ -115,13 +121,27 @@ impl FaultServer {
         n
     }
 
-    /// Retry parked faults once each.
+    /// Retry parked faults once each; tell the watchdog of one parked too long.
     fn retry_pending(&mut self, st: &State) {
+        let bound = watchdog::bound(st).map(|b| b.as_nanos() as u64);
         for _ in 0..self.pending.len() {
-            let f = self.pending.pop_front().expect("pending fault");
-            if !self.serve(st, f) {
-                self.pending.push_back(f);
+            let mut f = self.pending.pop_front().expect("pending fault");
+            if self.serve(st, f) {
+                continue;
             }
+            if let Some(b) = bound.filter(|&b| !f.reported && st.now_ns() - f.since > b) {
+                f.reported = true;
+                watchdog::report(
+                    st,
+                    &format!(
+                        "the fault at {:#x} (thread {}) has found its page locked for over {} s",
+                        f.addr,
+                        f.tid,
+                        b as f64 / 1e9
+                    ),
+                );
+            }
+            self.pending.push_back(f);
         }
     }
 
@@ -289,5 +309,43 @@ mod tests {
             0,
             "strided: read separately"
         );
+    }
+
+    /// A fault whose page stays locked (here by the test, as a stuck fetch would) is
+    /// reported by the watchdog, then served once the page is free.
+    #[test]
+    fn a_fault_parked_too_long_is_reported_then_served() {
+        use crate::config::Config;
+        use crate::runtime::Runtime;
+        let rt = Runtime::new(Config {
+            local_mem: 1 << 20,
+            watchdog_s: 0.2,
+            ..Config::default()
+        })
+        .expect("a runtime (needs userfaultfd)");
+        let r = rt.create_region(16 * PAGE_SIZE).unwrap();
+        let vpn = r.as_ptr() as usize >> PAGE_SHIFT;
+        let old = table::slot(vpn)
+            .lock_if_absent(7)
+            .expect("a fresh page is absent");
+        let p = r.as_mut_ptr() as usize;
+        let toucher = std::thread::spawn(move || {
+            // SAFETY: inside the region, which outlives this thread (joined below).
+            unsafe { (p as *mut u64).write_volatile(42) }
+        });
+        let mut waited = 0;
+        while rt.stats().watchdog_reports == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            waited += 1;
+            assert!(
+                waited < 6000,
+                "the watchdog never reported the parked fault"
+            );
+        }
+        table::slot(vpn).unlock(old);
+        toucher.join().unwrap();
+        // SAFETY: inside the region.
+        assert_eq!(unsafe { (p as *const u64).read_volatile() }, 42);
+        assert_eq!(rt.stats().watchdog_reports, 1, "reported once");
     }
 }

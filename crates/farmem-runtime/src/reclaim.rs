@@ -334,6 +334,6 @@ fn write_back(st: &State, dirty: &[&Victim]) -> Result<(), BackendError> {
     }
     st.backend
         .submit_write(IoClass::WriteBack, keys, buf)
-        .wait()
+        .wait(st.io_timeout)
         .map(|_| ())
 }

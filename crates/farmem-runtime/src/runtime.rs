@@ -7,7 +7,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use farmem_sys::mem::{Unmapper, PAGE_SHIFT, PAGE_SIZE};
 use farmem_sys::uffd::{self, Uffd};
@@ -21,7 +21,7 @@ use crate::regions::{RegionInfo, Regions};
 use crate::state::State;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::workingset::WorkingSet;
-use crate::{control, discard, fault, fork, policy, region, registry, thread};
+use crate::{control, discard, fault, fork, policy, region, registry, thread, watchdog};
 
 fn refuse_in_child() -> Result<()> {
     if registry::in_child() {
@@ -96,7 +96,11 @@ impl Runtime {
             };
             Error::backend(name, None, e)
         })?;
+        let io_timeout = cfg
+            .io_timeout_s
+            .map_or_else(|| backend.longest_wait(), Duration::from_secs_f64);
         let st = Arc::new(State {
+            io_timeout,
             budget: cfg.budget_pages(),
             free_target: cfg.free_target_pages(),
             backend,
@@ -114,6 +118,8 @@ impl Runtime {
             control_lock: Mutex::new(()),
             control_cv: Condvar::new(),
             control_sleeping: AtomicBool::new(false),
+            watchdog_lock: Mutex::new(()),
+            watchdog_cv: Condvar::new(),
             wake_fd,
             fault_busy_since: AtomicU64::new(0),
             epoch: Instant::now(),
@@ -138,6 +144,13 @@ impl Runtime {
             thread::spawn("farmem-control".into(), move || control::run(s))
                 .map_err(|e| Error::sys("starting control thread", e))?,
         );
+        if watchdog::bound(&st).is_some() {
+            let s = st.clone();
+            threads.push(
+                thread::spawn("farmem-watchdog".into(), move || watchdog::run(s))
+                    .map_err(|e| Error::sys("starting the watchdog thread", e))?,
+            );
+        }
         tracing::debug!(
             budget_pages = st.budget,
             backend = %st.backend.describe(),

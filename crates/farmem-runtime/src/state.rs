@@ -6,7 +6,7 @@
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use farmem_sys::mem::{Unmapper, PAGE_SIZE};
 use farmem_sys::uffd::Uffd;
@@ -41,6 +41,9 @@ pub(crate) struct State {
     pub control_lock: Mutex<()>,
     pub control_cv: Condvar,
     pub control_sleeping: AtomicBool,
+    /// The watchdog's sleep (woken at shutdown).
+    pub watchdog_lock: Mutex<()>,
+    pub watchdog_cv: Condvar,
     /// eventfd that wakes the fault threads out of poll() at shutdown.
     pub wake_fd: OwnedFd,
     /// Nanoseconds since `epoch` at which the fault thread began serving its current batch
@@ -63,6 +66,8 @@ pub(crate) struct State {
     pub evict_gate: RwLock<()>,
     /// The eviction clock and the refault rules (see `workingset.rs`).
     pub workingset: WorkingSet,
+    /// Longest wait for one backend answer ([`Config::io_timeout_s`], or the backend's own).
+    pub io_timeout: Duration,
 }
 
 impl State {
@@ -90,8 +95,12 @@ impl State {
 
     /// Wake every runtime thread (shutdown).
     pub fn wake_all(&self) {
-        let _g = self.control_lock.lock();
-        self.control_cv.notify_all();
+        {
+            let _g = self.control_lock.lock();
+            self.control_cv.notify_all();
+        }
+        let _g = self.watchdog_lock.lock();
+        self.watchdog_cv.notify_all();
     }
 
     /// The reclaim policy, with every page fetched so far handed to it.

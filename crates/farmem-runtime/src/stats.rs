@@ -87,6 +87,7 @@ counters! {
     fault_prefetch_wasted: "Of those, pages left behind by a broken run (inferred).",
     recent_refaults: "Pages a fault brought back less than one budget of evictions after their eviction (the working set: recency policies keep them a pass longer).",
     prefetch_dropped_late: "Read-ahead pages the far tier dropped unread: they could not arrive before their stream passed them.",
+    watchdog_reports: "Page faults the watchdog reported as waiting longer than FARMEM_WATCHDOG_S.",
 }
 
 pub(crate) struct Stats {

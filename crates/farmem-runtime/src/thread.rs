@@ -6,9 +6,9 @@ use farmem_sys::signals::BlockAll;
 use crate::scope;
 
 /// Start one of the runtime's own threads. Its allocations stay in local memory even when
-/// the program's heap is far (a fault thread must never fault on its own data), and it
-/// blocks every asynchronous signal: a handler of the program that touched far memory on
-/// the fault thread would wait for itself.
+/// the program's heap is far (a fault thread must never fault on its own data), from its
+/// first instruction, and it blocks every asynchronous signal: a handler of the program that
+/// touched far memory on the fault thread would wait for itself.
 pub(crate) fn spawn<F>(name: String, f: F) -> std::io::Result<std::thread::JoinHandle<()>>
 where
     F: FnOnce() + Send + 'static,
@@ -17,6 +17,11 @@ where
     // with them blocked (it inherits the mask): a process-directed signal must never land on
     // a runtime thread, not even in its first instructions.
     let _blocked = BlockAll::enter();
+    // Spawned from a keep-local scope: what the spawn allocates here stays local, and an
+    // allocator that puts the heap in far memory (libfarmem's `pthread_create`) starts the
+    // new thread keep-local before Rust's thread start allocates anything there. The closure
+    // marks it again for programs without such an allocator (where it costs nothing).
+    let _local = scope::LocalScope::enter();
     std::thread::Builder::new().name(name).spawn(move || {
         scope::keep_local_on_this_thread();
         f()

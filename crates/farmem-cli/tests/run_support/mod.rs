@@ -1,4 +1,5 @@
-//! Helpers for `run_programs.rs`: real programs from Debian packages, started natively or
+//! Helpers for the tests that run programs (`run_programs.rs`, `run_c_programs.rs`, ...):
+//! real programs from Debian packages or compiled from `tests/programs`, started natively or
 //! under `farmem run`, with their output in files, their peak memory from `wait4`, a deadline
 //! (a hang fails the test instead of blocking it forever) and clean-up of every process
 //! started here.
@@ -35,6 +36,25 @@ pub fn require(path: &str, package: &str) -> PathBuf {
          `apt-get install {package}` (.ci/run does this in CI)."
     );
     p.to_path_buf()
+}
+
+/// Compile this crate's `tests/programs/NAME.c` into `scratch`; the executable's path.
+pub fn compile(name: &str, scratch: &Scratch) -> PathBuf {
+    let src = program_file(&format!("{name}.c"));
+    let exe = scratch.path(name);
+    let out = Command::new("cc")
+        .args(["-O2", "-pthread", "-Wall", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("running cc");
+    assert!(
+        out.status.success(),
+        "compiling {}:\n{}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
 }
 
 static SEQ: AtomicU64 = AtomicU64::new(0);

@@ -3,6 +3,7 @@
 
 use std::alloc::{self, Layout};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use farmem_proto::{IoClass, PageKey};
 use farmem_sys::mem::PAGE_SIZE;
@@ -129,14 +130,24 @@ impl Completion {
         }
     }
 
-    /// Block until the request finishes.
-    pub fn wait(self) -> Result<IoDone, BackendError> {
+    /// Block until the request finishes, or `limit` passes. A request unanswered that long is
+    /// an error ([`BackendError::Unavailable`]): the thread that should deliver the answer is
+    /// stuck, or the backend is, and waiting longer would hang the program instead of
+    /// stopping it with the cause.
+    pub fn wait(self, limit: Duration) -> Result<IoDone, BackendError> {
         match self.0 {
             CompletionState::Ready(r) => r,
             CompletionState::Pending(slot) => {
+                let deadline = Instant::now() + limit;
                 let mut g = slot.0.lock();
                 while g.is_none() {
-                    slot.1.wait(&mut g);
+                    if slot.1.wait_until(&mut g, deadline).timed_out() && g.is_none() {
+                        return Err(BackendError::Unavailable(format!(
+                            "no answer from far memory in {} s (the backend, or the thread \
+                             that receives its answers, is stuck)",
+                            limit.as_secs_f64()
+                        )));
+                    }
                 }
                 g.take().expect("completion present")
             }
@@ -187,8 +198,55 @@ pub trait Backend: Send + Sync {
     /// Bytes the backend uses to hold the pages (after compression, if any).
     fn stored_bytes(&self) -> u64;
 
+    /// How long a request may take, at the most, when all is well: with a network backend,
+    /// reconnecting to a lost server and sending the request again included. Waiting longer
+    /// for an answer means something is stuck.
+    fn longest_wait(&self) -> Duration;
+
     /// Backend-specific counters for the statistics (reconnections, resent requests...).
     fn counters(&self) -> Vec<(&'static str, u64)> {
         Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// The thread that should deliver an answer is stuck (here: holds the completer and
+    /// never completes it): the wait ends in an error naming the cause, not in a hang.
+    #[test]
+    fn a_wait_whose_deliverer_is_stuck_ends_in_an_error() {
+        let (c, completer) = Completion::pending();
+        // The deliverer holds the completer until the wait is over: were the wait unbounded,
+        // this test would never end.
+        let (release, stuck_until) = std::sync::mpsc::channel::<()>();
+        let stuck = std::thread::spawn(move || {
+            let _ = stuck_until.recv();
+            drop(completer);
+        });
+        match c.wait(Duration::from_millis(100)) {
+            Err(BackendError::Unavailable(m)) => assert!(m.contains("no answer"), "{m}"),
+            Err(e) => panic!("wrong error: {e}"),
+            Ok(_) => panic!("a request nobody answered completed"),
+        }
+        release.send(()).unwrap();
+        stuck.join().unwrap();
+    }
+
+    #[test]
+    fn an_answer_in_time_is_delivered() {
+        let (c, completer) = Completion::pending();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            completer.complete(Ok(IoDone {
+                keys: vec![],
+                buf: PageBuf::new(1),
+            }));
+        });
+        assert!(c.wait(Duration::from_secs(30)).is_ok());
+        t.join().unwrap();
     }
 }

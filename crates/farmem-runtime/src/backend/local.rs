@@ -141,6 +141,11 @@ impl Backend for LocalBackend {
         Completion::ready(Ok(IoDone { keys, buf }))
     }
 
+    fn longest_wait(&self) -> std::time::Duration {
+        // Every request completes during its submission: nothing is ever waited for.
+        std::time::Duration::from_secs(60)
+    }
+
     fn stored_bytes(&self) -> u64 {
         self.bytes.load(Ordering::Relaxed)
     }
@@ -161,11 +166,11 @@ mod tests {
         let expect = buf.bytes().to_vec();
         let done = b
             .submit_write(IoClass::WriteBack, keys.clone(), buf)
-            .wait()
+            .wait(std::time::Duration::from_secs(5))
             .unwrap();
         let got = b
             .submit_read(IoClass::Demand, keys, done.buf)
-            .wait()
+            .wait(std::time::Duration::from_secs(5))
             .unwrap();
         assert_eq!(got.buf.bytes(), &expect[..]);
         assert!(b.stored_bytes() > 0);
@@ -174,7 +179,10 @@ mod tests {
             vec![PageKey { region: 8, page: 0 }],
             PageBuf::new(1),
         );
-        assert!(missing.wait().is_err(), "an absent page must be an error");
+        assert!(
+            missing.wait(std::time::Duration::from_secs(5)).is_err(),
+            "an absent page must be an error"
+        );
         b.close_region(7);
         assert_eq!(b.stored_bytes(), 0);
     }

@@ -32,9 +32,20 @@ pub struct TcpSpec {
     pub reconnect_window: Duration,
 }
 
+/// A request unanswered this long means its connection is dead: the receiver reconnects and
+/// sends it again.
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
 impl TcpSpec {
     pub fn url(&self) -> String {
         format!("tcp://{}@{}", self.tenant, self.addr)
+    }
+
+    /// The longest a request may take when all is well: unanswered until its connection is
+    /// declared dead, the reconnection window, the answer to the request sent again, and
+    /// some slack for a loaded machine.
+    pub fn longest_wait(&self) -> Duration {
+        2 * REQUEST_TIMEOUT + self.reconnect_window + Duration::from_secs(30)
     }
 }
 

@@ -168,7 +168,7 @@ fn fetch_locked(
                 take_buf(&RECV_AHEAD, n)
             })?;
         phases::install_phase(st, reg, req, demand, demand_read, recv_back)?;
-        match phases::arrived_in_time(ahead_read) {
+        match phases::arrived_in_time(st, ahead_read) {
             Ok(read) => {
                 phases::install_phase(st, reg, req, ahead, read, |b| give_buf(&RECV_AHEAD, b))?
             }

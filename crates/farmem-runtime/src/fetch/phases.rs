@@ -114,10 +114,11 @@ pub(crate) fn submit_phase(
 /// Wait for a prefetch read: `Err` if the backend dropped it as late (nothing was read), else
 /// the finished read, ready for [`install_phase`].
 pub(crate) fn arrived_in_time(
+    st: &State,
     read: Option<InFlight>,
 ) -> std::result::Result<Option<InFlight>, String> {
     let Some(r) = read else { return Ok(None) };
-    match r.completion.wait() {
+    match r.completion.wait(st.io_timeout) {
         Err(BackendError::Late(msg)) => Err(msg),
         result => Ok(Some(InFlight {
             completion: Completion::ready(result),
@@ -150,7 +151,7 @@ pub(crate) fn install_phase(
         None => None,
         Some(r) => {
             let n = r.pages;
-            let done = r.completion.wait().map_err(|e| {
+            let done = r.completion.wait(st.io_timeout).map_err(|e| {
                 Error::backend(
                     st.backend.describe(),
                     Some(format!("reading {n} page(s) of region {}", reg.id)),

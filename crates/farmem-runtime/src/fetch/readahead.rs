@@ -221,7 +221,7 @@ fn complete(st: &State, mut b: Batch) -> Result<()> {
     if b.read.as_ref().is_some_and(|r| !r.completion.is_done()) {
         add(&st.stats.c.prefetch_late, 1);
     }
-    match phases::arrived_in_time(b.read.take()) {
+    match phases::arrived_in_time(st, b.read.take()) {
         Ok(read) => b.read = read,
         Err(msg) => {
             tracing::trace!("read-ahead dropped: {msg}");

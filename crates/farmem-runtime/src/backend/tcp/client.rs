@@ -174,10 +174,7 @@ impl TcpBackend {
 
     /// The server's view of this session, tenant and itself.
     pub fn server_stats(&self) -> Result<StatsOk, BackendError> {
-        match self.control(
-            Op::Stats,
-            self.sh.spec.reconnect_window + Duration::from_secs(30),
-        )? {
+        match self.control(Op::Stats, self.sh.spec.longest_wait())? {
             Reply::Stats(s) => Ok(s),
             other => Err(BackendError::Failed(format!("unexpected reply {other:?}"))),
         }
@@ -262,10 +259,7 @@ impl Backend for TcpBackend {
             first: 0,
             count: u64::MAX,
         });
-        match self.control(
-            free,
-            self.sh.spec.reconnect_window + Duration::from_secs(30),
-        ) {
+        match self.control(free, self.sh.spec.longest_wait()) {
             Ok(Reply::Freed(f)) => tracing::debug!("region {region}: {} pages freed", f.freed),
             Ok(other) => tracing::warn!("freeing region {region}: unexpected reply {other:?}"),
             Err(e) => tracing::warn!("freeing region {region} on the server failed: {e}"),
@@ -290,6 +284,10 @@ impl Backend for TcpBackend {
 
     fn submit_write(&self, class: IoClass, keys: Vec<PageKey>, buf: PageBuf) -> Completion {
         self.submit(class, keys, buf, true, 0)
+    }
+
+    fn longest_wait(&self) -> Duration {
+        self.sh.spec.longest_wait()
     }
 
     fn stored_bytes(&self) -> u64 {

@@ -27,12 +27,11 @@ use super::handshake::{self, ConnectError, Opened};
 use super::join::{Join, Oneshot, Reply};
 use super::shared::{Peer, Shared};
 use crate::backend::error::BackendError;
+use crate::backend::spec::REQUEST_TIMEOUT;
 use crate::stats::add;
 
 /// The receiver wakes this often to notice shutdown and stalled requests.
 const POLL_INTERVAL: Duration = Duration::from_secs(1);
-/// A request unanswered this long means the connection is dead (reconnect).
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// A write blocked this long means the connection is dead.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -173,6 +172,10 @@ impl Conn {
         };
         let id = {
             let mut p = self.pending.lock();
+            // Room in the window comes with the answers the receiver reads: bounded, so a
+            // stuck receiver or server ends in an error, not a hang.
+            let limit = self.sh.spec.longest_wait();
+            let deadline = Instant::now() + limit;
             loop {
                 if let Some(msg) = self.sh.dead_msg() {
                     drop(p);
@@ -183,7 +186,16 @@ impl Conn {
                 if p.inflight_pages == 0 || p.inflight_pages + pages <= window {
                     break;
                 }
-                self.window_cv.wait(&mut p);
+                if self.window_cv.wait_until(&mut p, deadline).timed_out() {
+                    drop(p);
+                    done.fail(BackendError::Unavailable(format!(
+                        "far-memory server {}: no room for a request in {} s (the server, or \
+                         the thread that receives its answers, is stuck)",
+                        self.sh.spec.addr,
+                        limit.as_secs_f64()
+                    )));
+                    return;
+                }
             }
             p.inflight_pages += pages;
             p.next_id += 1;

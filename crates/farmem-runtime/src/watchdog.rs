@@ -1,0 +1,103 @@
+//! The watchdog: a page fault is never left waiting silently.
+//!
+//! A thread that faults on far memory waits until the runtime serves the fault. If that
+//! never happens (the fault thread stuck, a page lock never released), the program hangs
+//! with no word of why. The watchdog, a thread of its own that takes no lock the paths take,
+//! reports on stderr when a fault has waited longer than `FARMEM_WATCHDOG_S`:
+//!
+//! - the fault thread has been busy with one batch of faults that long (it waits for the
+//!   backend or for budget);
+//! - fault events have been waiting that long to be read (nobody reads the userfaultfd);
+//! - a fault parked on a locked page has been retried that long (`fault.rs` reports it,
+//!   through [`report`]).
+//!
+//! Each stall is reported once. With `FARMEM_WATCHDOG_ABORT=1` (tests) a report stops the
+//! program: a stall is then a failure with its cause, not a hang until a timeout.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::state::State;
+use crate::stats::add;
+
+/// Report a stall: counted, said on stderr (the program's runtime has no log subscriber), and
+/// fatal if the configuration asks for it.
+pub(crate) fn report(st: &State, what: &str) {
+    add(&st.stats.c.watchdog_reports, 1);
+    let msg = format!("a page fault has waited too long: {what}");
+    if st.cfg.watchdog_abort {
+        farmem_sys::process::fatal(&format!("watchdog: {msg}"));
+    }
+    eprintln!("farmem: watchdog: {msg}");
+}
+
+/// The bound, if the watchdog is on.
+pub(crate) fn bound(st: &State) -> Option<Duration> {
+    (st.cfg.watchdog_s > 0.0).then(|| Duration::from_secs_f64(st.cfg.watchdog_s))
+}
+
+/// The watchdog thread's loop.
+pub(crate) fn run(st: Arc<State>) {
+    let Some(bound) = bound(&st) else { return };
+    let tick = (bound / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    let bound_ns = bound.as_nanos() as u64;
+    // The stall last reported, so that each is reported once.
+    let mut reported_busy = 0u64;
+    let mut unread_since: Option<Instant> = None;
+    let mut reported_unread = false;
+    loop {
+        {
+            let mut g = st.watchdog_lock.lock();
+            if st.shutdown.load(Ordering::Acquire) {
+                return;
+            }
+            st.watchdog_cv.wait_for(&mut g, tick);
+            if st.shutdown.load(Ordering::Acquire) {
+                return;
+            }
+        }
+        let busy = st.fault_busy_since.load(Ordering::Acquire);
+        if busy != 0 && busy != reported_busy && st.now_ns().saturating_sub(busy) > bound_ns {
+            reported_busy = busy;
+            report(
+                &st,
+                &format!(
+                    "the fault thread has been serving one batch of faults for over {} s \
+                     (waiting for far memory or for local budget)",
+                    bound.as_secs_f64()
+                ),
+            );
+        }
+        if events_waiting(&st) {
+            let since = *unread_since.get_or_insert_with(Instant::now);
+            if since.elapsed() > bound && !reported_unread {
+                reported_unread = true;
+                report(
+                    &st,
+                    &format!(
+                        "fault events have waited over {} s to be read (no fault thread reads \
+                         them)",
+                        bound.as_secs_f64()
+                    ),
+                );
+            }
+        } else {
+            unread_since = None;
+            reported_unread = false;
+        }
+    }
+}
+
+/// Whether fault events are waiting to be read on the userfaultfd (a poll that consumes
+/// nothing).
+fn events_waiting(st: &State) -> bool {
+    let mut fd = libc::pollfd {
+        fd: st.uffd.raw(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no wait.
+    let n = unsafe { libc::poll(&mut fd, 1, 0) };
+    n > 0 && fd.revents & libc::POLLIN != 0
+}
