@@ -1,18 +1,21 @@
 //! Challenge-response authentication: each side proves it knows the shared secret with an
-//! HMAC-SHA256 over both sides' fresh nonces, the tenant and the session. The secret never
-//! crosses the wire, a recorded exchange cannot be replayed (the other side's nonce is new
-//! each time), and the two proofs use different labels so one cannot be reflected as the
-//! other.
+//! HMAC-SHA256 over both sides' fresh nonces, both sides' key shares, the tenant and the
+//! session. The secret never crosses the wire, a recorded exchange cannot be replayed (the
+//! other side's nonce is new each time), the proofs bind the key exchange (a man in the middle
+//! who swaps key shares cannot prove anything), and the two proofs use different labels so
+//! one cannot be reflected as the other. A connection that joins an existing session also
+//! proves the session's key (`channel.rs`), which only the session's creator holds.
 
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
-use crate::layout::{Nonce, Proof, SessionId};
+use crate::layout::{KeyShare, Nonce, Proof, SessionId};
 
 type HmacSha256 = Hmac<Sha256>;
 
-const CLIENT_LABEL: &[u8] = b"farmem v1 client proof";
-const SERVER_LABEL: &[u8] = b"farmem v1 server proof";
+const CLIENT_LABEL: &[u8] = b"farmem v4 client proof";
+const SERVER_LABEL: &[u8] = b"farmem v4 server proof";
+const SESSION_LABEL: &[u8] = b"farmem v4 session proof";
 
 /// A shared secret. Its `Debug` output is redacted so it cannot leak into logs.
 #[derive(Clone, PartialEq, Eq)]
@@ -27,9 +30,35 @@ impl Secret {
     }
 
     fn mac(&self, label: &[u8]) -> HmacSha256 {
-        let mut m = HmacSha256::new_from_slice(&self.0).expect("HMAC takes keys of any length");
-        m.update(label);
-        m
+        keyed(&self.0, label)
+    }
+
+    /// The secret's bytes, for the key schedule.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+fn keyed(key: &[u8], label: &[u8]) -> HmacSha256 {
+    let mut m = HmacSha256::new_from_slice(key).expect("HMAC takes keys of any length");
+    m.update(label);
+    m
+}
+
+/// A session's own key, derived by the connection that created the session and held only by
+/// its client (and the server): joining the session takes a proof of it, not just its id.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SessionKey(pub(crate) [u8; 32]);
+
+impl SessionKey {
+    fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for SessionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SessionKey(<redacted>)")
     }
 }
 
@@ -39,34 +68,60 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-/// What both proofs cover.
+/// What the proofs cover, and what the channel's keys are derived from (with the secret
+/// and the key exchange's result).
 pub struct Transcript<'a> {
     pub tenant: &'a str,
     pub session: &'a SessionId,
     pub client_nonce: &'a Nonce,
     pub server_nonce: &'a Nonce,
+    pub client_share: &'a KeyShare,
+    pub server_share: &'a KeyShare,
 }
 
 impl Transcript<'_> {
-    fn feed(&self, m: &mut HmacSha256) {
-        m.update(&[self.tenant.len() as u8]);
-        m.update(self.tenant.as_bytes());
-        m.update(self.session);
-        m.update(self.client_nonce);
-        m.update(self.server_nonce);
+    /// The transcript as bytes (lengths make it unambiguous).
+    pub(crate) fn bytes(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(1 + self.tenant.len() + 16 + 4 * 32);
+        b.push(self.tenant.len() as u8);
+        b.extend_from_slice(self.tenant.as_bytes());
+        b.extend_from_slice(self.session);
+        b.extend_from_slice(self.client_nonce);
+        b.extend_from_slice(self.server_nonce);
+        b.extend_from_slice(self.client_share);
+        b.extend_from_slice(self.server_share);
+        b
+    }
+
+    fn mac_over(&self, mut m: HmacSha256) -> HmacSha256 {
+        m.update(&self.bytes());
+        m
     }
 
     fn proof(&self, secret: &Secret, label: &[u8]) -> Proof {
-        let mut m = secret.mac(label);
-        self.feed(&mut m);
-        m.finalize().into_bytes().into()
+        self.mac_over(secret.mac(label))
+            .finalize()
+            .into_bytes()
+            .into()
     }
 
     fn verify(&self, secret: &Secret, label: &[u8], proof: &Proof) -> bool {
-        let mut m = secret.mac(label);
-        self.feed(&mut m);
         // Constant time: how much of a guessed proof is right must not show in the timing.
-        m.verify_slice(proof).is_ok()
+        self.mac_over(secret.mac(label)).verify_slice(proof).is_ok()
+    }
+
+    /// A joining connection's proof that it holds the session's key.
+    pub fn session_proof(&self, key: &SessionKey) -> Proof {
+        self.mac_over(keyed(key.bytes(), SESSION_LABEL))
+            .finalize()
+            .into_bytes()
+            .into()
+    }
+
+    pub fn verify_session(&self, key: &SessionKey, proof: &Proof) -> bool {
+        self.mac_over(keyed(key.bytes(), SESSION_LABEL))
+            .verify_slice(proof)
+            .is_ok()
     }
 
     pub fn client_proof(&self, secret: &Secret) -> Proof {
@@ -90,12 +145,16 @@ impl Transcript<'_> {
 mod tests {
     use super::*;
 
+    const SHARES: (KeyShare, KeyShare) = ([8u8; 32], [9u8; 32]);
+
     fn transcript<'a>(t: &'a str, s: &'a SessionId, c: &'a Nonce, n: &'a Nonce) -> Transcript<'a> {
         Transcript {
             tenant: t,
             session: s,
             client_nonce: c,
             server_nonce: n,
+            client_share: &SHARES.0,
+            server_share: &SHARES.1,
         }
     }
 

@@ -39,6 +39,8 @@ pub const STATS_OK_LEN: usize = 5 * 8;
 pub type SessionId = [u8; 16];
 pub type Nonce = [u8; 32];
 pub type Proof = [u8; 32];
+/// An X25519 public key, one side's share of the key exchange.
+pub type KeyShare = [u8; 32];
 
 /// Tenant names: 1 to 64 characters of `A-Z a-z 0-9 . _ -` (they appear in logs and metric
 /// labels, so nothing that needs escaping).

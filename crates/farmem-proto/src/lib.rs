@@ -28,6 +28,7 @@
 //! syntax it and the command lines share (`size`). Nothing in this crate does I/O.
 
 pub mod auth;
+pub mod channel;
 mod frame;
 mod keys;
 mod layout;
