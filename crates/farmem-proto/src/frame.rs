@@ -67,9 +67,9 @@ impl Kind {
     pub fn max_body(self) -> usize {
         use Kind::*;
         match self {
-            Hello => HELLO_FIXED + MAX_TENANT_LEN,
-            Challenge => CHALLENGE_LEN,
-            Auth => AUTH_LEN,
+            Hello => HELLO_FIXED + MAX_TENANT_LEN + KEY_SHARE_LEN,
+            Challenge => CHALLENGE_LEN + KEY_SHARE_LEN,
+            Auth => AUTH_LEN + SESSION_PROOF_LEN,
             Welcome => WELCOME_LEN,
             Read => 4 + MAX_BATCH_PAGES * READ_KEY_LEN,
             Write => 4 + MAX_BATCH_PAGES * (WRITE_KEY_LEN + PAGE_SIZE),

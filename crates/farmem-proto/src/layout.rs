@@ -30,6 +30,12 @@ pub const READ_OK_PAGE_LEN: usize = 4 + PAGE_SIZE;
 pub const HELLO_FIXED: usize = 4 + 2 + 2 + 16 + 32 + 1 + 1;
 pub const CHALLENGE_LEN: usize = 2 + 32 + 8;
 pub const AUTH_LEN: usize = 32;
+/// The optional parts of the handshake (version 4): a key share, a session proof.
+pub const KEY_SHARE_LEN: usize = 32;
+pub const SESSION_PROOF_LEN: usize = 32;
+/// Hello flags.
+pub const HELLO_RESUME: u8 = 1;
+pub const HELLO_SHARE: u8 = 2;
 pub const WELCOME_LEN: usize = 32 + 1 + 8 + 8 + 8 + 4 + 4;
 pub const FREE_LEN: usize = 4 + 8 + 8;
 pub const WRITE_OK_LEN: usize = 4 + 8;

@@ -32,6 +32,8 @@ pub struct Hello<'a> {
     pub nonce: Nonce,
     pub resume: bool,
     pub tenant: &'a str,
+    /// The client's key share (version 4: the secure channel); after the tenant, flagged.
+    pub share: Option<KeyShare>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,11 +42,15 @@ pub struct Challenge {
     pub nonce: Nonce,
     /// Random per server process: a client that sees it change knows the server restarted.
     pub instance: u64,
+    /// The server's key share (version 4); the body is longer by it.
+    pub share: Option<KeyShare>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Auth {
     pub proof: Proof,
+    /// A connection joining an existing session proves the session's key (version 4).
+    pub session_proof: Option<Proof>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -237,6 +243,18 @@ impl<'a> Cursor<'a> {
         Ok(self.take(N, what)?.try_into().expect("exact length"))
     }
 
+    /// An array that is there, or nothing left (an optional last field).
+    fn optional_array<const N: usize>(
+        &mut self,
+        what: &'static str,
+    ) -> Result<Option<[u8; N]>, ProtoError> {
+        if self.b.is_empty() {
+            Ok(None)
+        } else {
+            self.array(what).map(Some)
+        }
+    }
+
     fn u8(&mut self, what: &'static str) -> Result<u8, ProtoError> {
         Ok(self.take(1, what)?[0])
     }
@@ -293,7 +311,7 @@ pub fn decode<'a>(h: &Header, body: &'a [u8]) -> Result<Frame<'a>, ProtoError> {
             let session = c.array("session")?;
             let nonce = c.array("nonce")?;
             let flags = c.u8("flags")?;
-            if flags & !1 != 0 {
+            if flags & !(HELLO_RESUME | HELLO_SHARE) != 0 {
                 return Err(c.bad("unknown hello flags"));
             }
             let tlen = c.u8("tenant length")? as usize;
@@ -302,22 +320,30 @@ pub fn decode<'a>(h: &Header, body: &'a [u8]) -> Result<Frame<'a>, ProtoError> {
             if !valid_tenant(tenant) {
                 return Err(c.bad("invalid tenant name"));
             }
+            let share = if flags & HELLO_SHARE != 0 {
+                Some(c.array("key share")?)
+            } else {
+                None
+            };
             Frame::Hello(Hello {
                 min_version,
                 max_version,
                 session,
                 nonce,
-                resume: flags & 1 != 0,
+                resume: flags & HELLO_RESUME != 0,
                 tenant,
+                share,
             })
         }
         Kind::Challenge => Frame::Challenge(Challenge {
             version: c.u16("version")?,
             nonce: c.array("nonce")?,
             instance: c.u64("instance")?,
+            share: c.optional_array("key share")?,
         }),
         Kind::Auth => Frame::Auth(Auth {
             proof: c.array("proof")?,
+            session_proof: c.optional_array("session proof")?,
         }),
         Kind::Welcome => {
             let proof = c.array("proof")?;
@@ -414,33 +440,47 @@ fn head(out: &mut Vec<u8>, kind: Kind, class: IoClass, id: u64, len: usize) {
 
 pub fn encode_hello(out: &mut Vec<u8>, h: &Hello) {
     assert!(valid_tenant(h.tenant), "tenant name checked by the caller");
+    let share_len = h.share.map_or(0, |s| s.len());
     head(
         out,
         Kind::Hello,
         IoClass::Demand,
         0,
-        HELLO_FIXED + h.tenant.len(),
+        HELLO_FIXED + h.tenant.len() + share_len,
     );
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&h.min_version.to_le_bytes());
     out.extend_from_slice(&h.max_version.to_le_bytes());
     out.extend_from_slice(&h.session);
     out.extend_from_slice(&h.nonce);
-    out.push(h.resume as u8);
+    let flags =
+        if h.resume { HELLO_RESUME } else { 0 } | if h.share.is_some() { HELLO_SHARE } else { 0 };
+    out.push(flags);
     out.push(h.tenant.len() as u8);
     out.extend_from_slice(h.tenant.as_bytes());
+    out.extend(h.share.iter().flatten());
 }
 
 pub fn encode_challenge(out: &mut Vec<u8>, c: &Challenge) {
-    head(out, Kind::Challenge, IoClass::Demand, 0, CHALLENGE_LEN);
+    let share_len = c.share.map_or(0, |s| s.len());
+    head(
+        out,
+        Kind::Challenge,
+        IoClass::Demand,
+        0,
+        CHALLENGE_LEN + share_len,
+    );
     out.extend_from_slice(&c.version.to_le_bytes());
     out.extend_from_slice(&c.nonce);
     out.extend_from_slice(&c.instance.to_le_bytes());
+    out.extend(c.share.iter().flatten());
 }
 
 pub fn encode_auth(out: &mut Vec<u8>, a: &Auth) {
-    head(out, Kind::Auth, IoClass::Demand, 0, AUTH_LEN);
+    let extra = a.session_proof.map_or(0, |p| p.len());
+    head(out, Kind::Auth, IoClass::Demand, 0, AUTH_LEN + extra);
     out.extend_from_slice(&a.proof);
+    out.extend(a.session_proof.iter().flatten());
 }
 
 pub fn encode_welcome(out: &mut Vec<u8>, w: &Welcome) {

@@ -48,9 +48,10 @@ proptest! {
     #[test]
     fn hello_round_trips(tenant in tenant_strategy(), session in any::<[u8; 16]>(),
                          nonce in any::<[u8; 32]>(), resume in any::<bool>(),
-                         lo in 1u16..5, span in 0u16..5) {
+                         lo in 1u16..5, span in 0u16..5,
+                         share in proptest::option::of(any::<[u8; 32]>())) {
         let h = Hello { min_version: lo, max_version: lo + span, session, nonce, resume,
-                        tenant: &tenant };
+                        tenant: &tenant, share };
         let mut out = Vec::new();
         encode_hello(&mut out, &h);
         let (_, f) = decode_all(&out).unwrap().unwrap();
@@ -61,13 +62,15 @@ proptest! {
     fn handshake_replies_round_trip(nonce in any::<[u8; 32]>(), instance in any::<u64>(),
                                     version in any::<u16>(), resumed in any::<bool>(),
                                     nums in any::<[u64; 3]>(), batch in any::<u32>(),
-                                    window in any::<u32>()) {
+                                    window in any::<u32>(),
+                                    share in proptest::option::of(any::<[u8; 32]>()),
+                                    session_proof in proptest::option::of(any::<[u8; 32]>())) {
         let mut out = Vec::new();
-        let c = Challenge { version, nonce, instance };
+        let c = Challenge { version, nonce, instance, share };
         encode_challenge(&mut out, &c);
         prop_assert_eq!(decode_all(&out).unwrap().unwrap().1, Frame::Challenge(c));
         out.clear();
-        let a = Auth { proof: nonce };
+        let a = Auth { proof: nonce, session_proof };
         encode_auth(&mut out, &a);
         prop_assert_eq!(decode_all(&out).unwrap().unwrap().1, Frame::Auth(a));
         out.clear();
@@ -274,6 +277,7 @@ fn malformed_headers_and_bodies_are_refused() {
             nonce: [0; 32],
             resume: false,
             tenant: "a",
+            share: None,
         },
     );
     let mut bad = hello.clone();

@@ -13,7 +13,7 @@ use farmem_sys::mem::PAGE_SIZE;
 use parking_lot::Mutex;
 
 use super::conn::{Conn, Done, Op};
-use super::handshake::{self, ConnectError};
+use super::handshake::ConnectError;
 use super::join::{Join, Oneshot, Reply};
 use super::shared::{Counters, Peer, Shared};
 use crate::backend::error::BackendError;
@@ -95,6 +95,8 @@ impl TcpBackend {
             closing: AtomicBool::new(false),
             conns: Mutex::new(Vec::new()),
             counters: Counters::default(),
+            session_key: Mutex::new(None),
+            handshakes: Mutex::new(()),
         });
         let conns = [IoClass::Demand, IoClass::Prefetch, IoClass::WriteBack]
             .map(|role| Arc::new(Conn::new(role, sh.clone())));
@@ -111,17 +113,11 @@ impl TcpBackend {
         };
         for c in &conns {
             sh.conns.lock().push(Arc::downgrade(c) as Weak<dyn Peer>);
-            let opened = match handshake::open(
-                &sh.spec.addr,
-                &sh.spec.tenant,
-                &sh.secret,
-                &sh.session,
-                false,
-            ) {
+            let opened = match c.open(false) {
                 Ok(o) => o,
                 Err(e) => return Err(fail(receivers, connect_error(&sh.spec, e))),
             };
-            let reader = match c.install(opened) {
+            let (reader, opener) = match c.install(opened) {
                 Ok(r) => r,
                 Err(e) => {
                     return Err(fail(
@@ -132,7 +128,7 @@ impl TcpBackend {
             };
             let conn = c.clone();
             let name = format!("farmem-tcp-{:?}", c.role).to_lowercase();
-            match crate::thread::spawn(name, move || conn.receive_loop(reader)) {
+            match crate::thread::spawn(name, move || conn.receive_loop(reader, opener)) {
                 Ok(h) => receivers.push(h),
                 Err(e) => {
                     return Err(fail(

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use farmem_proto::channel::{Opener, Sealer, TAG_LEN};
 use farmem_proto::{self as p, ErrorCode, Frame, FreeReq, Header, IoClass, Kind, PageKey};
 use farmem_sys::mem::PAGE_SIZE;
 
@@ -97,10 +98,19 @@ struct Pending {
     last_progress: Instant,
 }
 
+/// The sending half of a connection: its socket, and the channel's sealer (frames must be
+/// sealed in the order they go out, so both live under one lock).
+struct Writer {
+    stream: TcpStream,
+    sealer: Sealer,
+    /// The body being sealed (reused).
+    buf: Vec<u8>,
+}
+
 pub(crate) struct Conn {
     pub role: IoClass,
     sh: Arc<Shared>,
-    writer: Mutex<Option<TcpStream>>,
+    writer: Mutex<Option<Writer>>,
     pending: Mutex<Pending>,
     window_cv: Condvar,
     /// Most pages in flight (half the server's window).
@@ -127,13 +137,28 @@ fn role_name(c: IoClass) -> &'static str {
     }
 }
 
-fn write_req(s: &mut TcpStream, head: &[u8], data: Option<RawPages>) -> std::io::Result<()> {
+/// Seal and send one request: its header in clear, its body (the rest of `head`, then the
+/// pages) encrypted, then the tag. The plaintext stays in the request for a re-send.
+fn write_req(w: &mut Writer, head: &[u8], data: Option<RawPages>) -> std::io::Result<()> {
     let data: &[u8] = match data {
         // SAFETY: see `Req`: the pages are alive and not written while the request is sent.
         Some(d) => unsafe { std::slice::from_raw_parts(d.ptr, d.len) },
         None => &[],
     };
-    let mut bufs = [IoSlice::new(head), IoSlice::new(data)];
+    let header: &[u8; p::HEADER_LEN] = head[..p::HEADER_LEN].try_into().expect("a header");
+    w.buf.clear();
+    w.buf.extend_from_slice(&head[p::HEADER_LEN..]);
+    w.buf.extend_from_slice(data);
+    let tag = w
+        .sealer
+        .seal(header, &mut w.buf)
+        .map_err(std::io::Error::other)?;
+    let mut bufs = [
+        IoSlice::new(header),
+        IoSlice::new(&w.buf),
+        IoSlice::new(&tag),
+    ];
+    let s = &mut w.stream;
     let mut slices = &mut bufs[..];
     while !slices.is_empty() {
         match s.write_vectored(slices) {
@@ -246,10 +271,10 @@ impl Conn {
         }
         // Without a stream the connection is being re-established: the reconnection sends
         // every pending request, this one included.
-        if let Some(s) = w.as_mut() {
-            if let Err(e) = write_req(s, &head, data) {
+        if let Some(wr) = w.as_mut() {
+            if let Err(e) = write_req(wr, &head, data) {
                 tracing::debug!("{} connection: write failed: {e}", role_name(self.role));
-                let _ = s.shutdown(Shutdown::Both);
+                let _ = wr.stream.shutdown(Shutdown::Both);
                 *w = None;
             }
         }
@@ -281,14 +306,35 @@ impl Conn {
 
     /// Close the socket (the receiver sees EOF).
     pub fn shutdown(&self) {
-        if let Some(s) = self.writer.lock().take() {
-            let _ = s.shutdown(Shutdown::Both);
+        if let Some(w) = self.writer.lock().take() {
+            let _ = w.stream.shutdown(Shutdown::Both);
         }
     }
 
+    /// Open a connection for this backend's session: joining it with the session's key if a
+    /// connection created it, else creating it (`resume`: the server must already know it).
+    /// A connection that creates the session keeps its key for the others.
+    pub fn open(&self, resume: bool) -> Result<Opened, ConnectError> {
+        let _one_at_a_time = self.sh.handshakes.lock();
+        let key = self.sh.session_key.lock().clone();
+        let spec = &self.sh.spec;
+        let o = handshake::open(
+            &spec.addr,
+            &spec.tenant,
+            &self.sh.secret,
+            &self.sh.session,
+            resume,
+            key.as_ref(),
+        )?;
+        if !o.welcome.resumed {
+            *self.sh.session_key.lock() = Some(o.keys.new_session_key.clone());
+        }
+        Ok(o)
+    }
+
     /// Adopt a freshly opened connection: publish its writer, send what is pending, and
-    /// return the stream the receiver reads.
-    pub fn install(&self, o: Opened) -> std::io::Result<TcpStream> {
+    /// return the stream and the opener the receiver reads with.
+    pub fn install(&self, o: Opened) -> std::io::Result<(TcpStream, Opener)> {
         let w = &o.welcome;
         self.window.store(
             (w.window_pages as usize / 2).clamp(1, 8192),
@@ -308,7 +354,11 @@ impl Conn {
             .values()
             .map(|r| (r.head.clone(), r.data))
             .collect();
-        let mut s = s;
+        let mut w = Writer {
+            stream: s,
+            sealer: o.keys.sealer,
+            buf: Vec::new(),
+        };
         let mut ok = true;
         for (head, data) in &resend {
             let mut head = head.clone();
@@ -318,9 +368,9 @@ impl Conn {
                 h[6..8].fill(0);
                 head = h.into();
             }
-            if let Err(e) = write_req(&mut s, &head, *data) {
+            if let Err(e) = write_req(&mut w, &head, *data) {
                 tracing::debug!("re-sending after reconnection failed: {e}");
-                let _ = s.shutdown(Shutdown::Both);
+                let _ = w.stream.shutdown(Shutdown::Both);
                 ok = false;
                 break;
             }
@@ -328,17 +378,17 @@ impl Conn {
         if !resend.is_empty() {
             add(&self.sh.counters.resent, resend.len() as u64);
         }
-        *guard = ok.then_some(s);
+        *guard = ok.then_some(w);
         self.window_cv.notify_all();
-        Ok(reader)
+        Ok((reader, o.keys.opener))
     }
 
     /// The receiver thread: read replies until the backend closes or dies, reconnecting
     /// when the connection breaks.
-    pub fn receive_loop(self: Arc<Self>, mut stream: TcpStream) {
+    pub fn receive_loop(self: Arc<Self>, mut stream: TcpStream, mut opener: Opener) {
         let mut scratch = Vec::new();
         loop {
-            let err = match self.receive_one(&mut stream, &mut scratch) {
+            let err = match self.receive_one(&mut stream, &mut opener, &mut scratch) {
                 Ok(()) => continue,
                 Err(RecvError::Closing) => return,
                 Err(e) => e,
@@ -348,7 +398,10 @@ impl Conn {
             }
             match err {
                 RecvError::Io(why) => match self.reconnect(&why) {
-                    Ok(s) => stream = s,
+                    Ok((s, o)) => {
+                        stream = s;
+                        opener = o;
+                    }
                     Err(None) => return,
                     Err(Some(msg)) => {
                         self.sh.die(msg);
@@ -400,8 +453,14 @@ impl Conn {
         Ok(())
     }
 
-    /// Read and dispatch one reply.
-    fn receive_one(&self, s: &mut TcpStream, scratch: &mut Vec<u8>) -> Result<(), RecvError> {
+    /// Read and dispatch one reply: its header, then its sealed body, opened in place (an
+    /// altered frame fails to open, and the server cannot be trusted any more).
+    fn receive_one(
+        &self,
+        s: &mut TcpStream,
+        opener: &mut Opener,
+        scratch: &mut Vec<u8>,
+    ) -> Result<(), RecvError> {
         let mut hb = [0u8; p::HEADER_LEN];
         self.read_full(s, &mut hb)?;
         let h = Header::decode(&hb).map_err(|e| RecvError::Protocol(e.to_string()))?;
@@ -432,17 +491,18 @@ impl Conn {
                     h.len
                 )));
             }
-            // Page count, then one checksum per page, then the pages (straight into place).
-            scratch.resize(4 + n * 4, 0);
-            self.read_full(s, scratch)?;
-            if u32::from_le_bytes(scratch[..4].try_into().expect("4 bytes")) as usize != n {
+            // Page count, then one checksum per page, then the pages.
+            let body = self.read_sealed(s, opener, &hb, h.len as usize, scratch)?;
+            if u32::from_le_bytes(body[..4].try_into().expect("4 bytes")) as usize != n {
                 return Err(RecvError::Protocol(
                     "page count differs from the length".into(),
                 ));
             }
+            let (meta, pages) = body.split_at(4 + n * 4);
             // SAFETY: this thread handles the part [start, start+n) now (see `Join`).
             let dst = unsafe { join.pages_mut(start, n) };
-            self.read_full(s, dst)?;
+            dst.copy_from_slice(pages);
+            let scratch = meta;
             let bad = (0..n).find(|&i| {
                 let at = 4 + i * 4;
                 let want = u32::from_le_bytes(scratch[at..at + 4].try_into().expect("4 bytes"));
@@ -464,9 +524,8 @@ impl Conn {
             });
             return Ok(());
         }
-        scratch.resize(h.len as usize, 0);
-        self.read_full(s, scratch)?;
-        let f = p::decode(&h, scratch).map_err(|e| RecvError::Protocol(e.to_string()))?;
+        let body = self.read_sealed(s, opener, &hb, h.len as usize, scratch)?;
+        let f = p::decode(&h, body).map_err(|e| RecvError::Protocol(e.to_string()))?;
         let Some(req) = self.finish(h.id) else {
             return Ok(()); // failed meanwhile (the backend died): already answered
         };
@@ -493,9 +552,25 @@ impl Conn {
         Ok(())
     }
 
+    /// Read a body of `len` bytes and its tag into `scratch` and open it; the plaintext body.
+    fn read_sealed<'s>(
+        &self,
+        s: &mut TcpStream,
+        opener: &mut Opener,
+        header: &[u8; p::HEADER_LEN],
+        len: usize,
+        scratch: &'s mut Vec<u8>,
+    ) -> Result<&'s mut [u8], RecvError> {
+        scratch.resize(len + TAG_LEN, 0);
+        self.read_full(s, scratch)?;
+        opener
+            .open(header, scratch)
+            .map_err(|e| RecvError::Protocol(e.to_string()))
+    }
+
     /// Re-establish the connection within the reconnect window. `Err(None)`: the backend is
     /// closing; `Err(Some(msg))`: give up, the server is gone for good.
-    fn reconnect(&self, why: &str) -> Result<TcpStream, Option<String>> {
+    fn reconnect(&self, why: &str) -> Result<(TcpStream, Opener), Option<String>> {
         self.shutdown();
         let spec = &self.sh.spec;
         tracing::warn!(
@@ -515,13 +590,7 @@ impl Conn {
             if let Some(msg) = self.sh.dead_msg() {
                 return Err(Some(msg));
             }
-            match handshake::open(
-                &spec.addr,
-                &spec.tenant,
-                &self.sh.secret,
-                &self.sh.session,
-                resume,
-            ) {
+            match self.open(resume) {
                 Ok(o) => {
                     if self.sh.instance_changed(o.instance) && self.sh.holds_pages() {
                         return Err(Some(self.sh.lost_pages_msg("it restarted")));

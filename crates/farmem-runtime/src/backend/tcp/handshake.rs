@@ -5,7 +5,8 @@ use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
-use farmem_proto::auth::{Secret, Transcript};
+use farmem_proto::auth::{Secret, SessionKey, Transcript};
+use farmem_proto::channel::{self, ChannelKeys, EphemeralKey, Role};
 use farmem_proto::{self as p, ErrorCode, Frame, Header, Hello, SessionId, Welcome};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -60,15 +61,20 @@ pub(crate) struct Opened {
     pub instance: u64,
     /// Protocol version the server chose.
     pub version: u16,
+    /// The secure channel's keys for this connection.
+    pub keys: ChannelKeys,
 }
 
-/// Connect to `addr` and authenticate as `tenant` for `session` (resuming it if `resume`).
+/// Connect to `addr` and authenticate as `tenant` for `session`: join it with a proof of
+/// `session_key` if given (the session exists: this program made it), else create it
+/// (`resume` then says whether the server must already know it).
 pub(crate) fn open(
     addr: &str,
     tenant: &str,
     secret: &Secret,
     session: &SessionId,
     resume: bool,
+    session_key: Option<&SessionKey>,
 ) -> Result<Opened, ConnectError> {
     let addrs: Vec<_> = addr
         .to_socket_addrs()
@@ -101,6 +107,8 @@ pub(crate) fn open(
         .map_err(|e| io("socket timeout", e))?;
 
     let client_nonce = farmem_sys::random::random_bytes::<32>();
+    let mine = EphemeralKey::from_random(farmem_sys::random::random_bytes::<32>());
+    let client_share = mine.share();
     let mut out = Vec::new();
     p::encode_hello(
         &mut out,
@@ -111,6 +119,7 @@ pub(crate) fn open(
             nonce: client_nonce,
             resume,
             tenant,
+            share: Some(client_share),
         },
     );
     s.write_all(&out).map_err(|e| io("sending hello", e))?;
@@ -130,17 +139,25 @@ pub(crate) fn open(
             p::VERSION_MAX
         )));
     }
+    let Some(server_share) = ch.share else {
+        return Err(ConnectError::Protocol(
+            "the server sent no key share: it cannot open a secure channel".into(),
+        ));
+    };
     let transcript = Transcript {
         tenant,
         session,
         client_nonce: &client_nonce,
         server_nonce: &ch.nonce,
+        client_share: &client_share,
+        server_share: &server_share,
     };
     out.clear();
     p::encode_auth(
         &mut out,
         &p::Auth {
             proof: transcript.client_proof(secret),
+            session_proof: session_key.map(|k| transcript.session_proof(k)),
         },
     );
     s.write_all(&out).map_err(|e| io("sending proof", e))?;
@@ -162,10 +179,13 @@ pub(crate) fn open(
             "server announced a zero batch or window".into(),
         ));
     }
+    let keys = channel::derive(Role::Client, mine, &server_share, secret, &transcript)
+        .map_err(|e| ConnectError::Protocol(e.to_string()))?;
     Ok(Opened {
         stream: s,
         welcome: w,
         instance: ch.instance,
         version: ch.version,
+        keys,
     })
 }

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Weak;
 
-use farmem_proto::auth::Secret;
+use farmem_proto::auth::{Secret, SessionKey};
 use farmem_proto::{ErrorCode, SessionId, Welcome};
 use parking_lot::Mutex;
 
@@ -51,6 +51,12 @@ pub(crate) struct Shared {
     pub(crate) closing: AtomicBool,
     pub(crate) conns: Mutex<Vec<Weak<dyn Peer>>>,
     pub counters: Counters,
+    /// The session's key, once a connection created the session: every other connection
+    /// proves it to join (protocol v4).
+    pub(crate) session_key: Mutex<Option<SessionKey>>,
+    /// Held across each handshake, so that a connection that (re)creates the session and one
+    /// that joins it see the same key.
+    pub(crate) handshakes: Mutex<()>,
 }
 
 impl Shared {
