@@ -16,7 +16,10 @@ impl Engine {
 
     /// What each connected tenant may hold: the buffer limit divided among the tenants with
     /// authenticated connections, and at least one connection's window. Only a tenant over
-    /// its own share pauses: stalled frames of some tenants cannot slow another one.
+    /// its own share pauses: stalled frames of some tenants cannot slow another one. A
+    /// tenant that took more while fewer tenants were connected keeps it (until its frames
+    /// are served, or time out) but reads no more, so the total may pass the limit by what
+    /// earlier shares were larger; it stays within one window per authenticated connection.
     pub(crate) fn tenant_share(&self) -> usize {
         (self.cfg.global_limit / self.tenants_connected.max(1)).max(self.per_conn_limit())
     }
