@@ -98,6 +98,40 @@ fn reply_to(request: &[u8], m: &Metrics) -> Vec<u8> {
     .into_bytes()
 }
 
+/// Take the connections waiting, making room by dropping the oldest.
+fn accept(
+    listener: &mut TcpListener,
+    poll: &Poll,
+    conns: &mut BTreeMap<usize, HttpConn>,
+    next: &mut usize,
+) {
+    loop {
+        let mut sock = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            // WouldBlock, or out of descriptors: the next turn tries again.
+            Err(_) => return,
+        };
+        if conns.len() >= MAX_CONNS {
+            conns.pop_first();
+        }
+        let t = *next;
+        *next += 1;
+        let registered =
+            poll.registry()
+                .register(&mut sock, Token(t), Interest::READABLE | Interest::WRITABLE);
+        if registered.is_ok() {
+            let c = HttpConn {
+                sock,
+                deadline: Instant::now() + DEADLINE,
+                request: Vec::new(),
+                reply: None,
+            };
+            conns.insert(t, c);
+        }
+    }
+}
+
 /// Serve `GET /metrics` on `listener` until the process ends.
 pub(crate) fn serve_http(listener: std::net::TcpListener, m: Arc<Metrics>) -> io::Result<()> {
     listener.set_nonblocking(true)?;
@@ -118,32 +152,6 @@ pub(crate) fn serve_http(listener: std::net::TcpListener, m: Arc<Metrics>) -> io
         }
         for ev in events.iter() {
             if ev.token() == LISTENER {
-                loop {
-                    let mut sock = match listener.accept() {
-                        Ok((s, _)) => s,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                        // WouldBlock, or out of descriptors: wait for the next event.
-                        Err(_) => break,
-                    };
-                    if conns.len() >= MAX_CONNS {
-                        conns.pop_first();
-                    }
-                    let t = next;
-                    next += 1;
-                    if poll
-                        .registry()
-                        .register(&mut sock, Token(t), Interest::READABLE | Interest::WRITABLE)
-                        .is_ok()
-                    {
-                        let c = HttpConn {
-                            sock,
-                            deadline: Instant::now() + DEADLINE,
-                            request: Vec::new(),
-                            reply: None,
-                        };
-                        conns.insert(t, c);
-                    }
-                }
                 continue;
             }
             let t = ev.token().0;
@@ -152,6 +160,9 @@ pub(crate) fn serve_http(listener: std::net::TcpListener, m: Arc<Metrics>) -> io
                 conns.remove(&t);
             }
         }
+        // Every turn, not only on the listener's event: an accept that failed for want of
+        // descriptors is not signalled again.
+        accept(&mut listener, &poll, &mut conns, &mut next);
         let now = Instant::now();
         conns.retain(|_, c| c.deadline > now);
     }
