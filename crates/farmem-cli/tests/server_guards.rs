@@ -59,9 +59,10 @@ fn failed_authentications_slow_their_address_down() {
     assert_eq!(error_code(&v), Some(ErrorCode::TooBusy), "{v:?}");
     assert!(format!("{v:?}").contains("failed authentications"), "{v:?}");
     Raw::authenticated(&server.addr, "victim", SECRET);
-    // A few lines in full, the rest counted (summed up when the interval ends).
+    // A few lines in full, the rest counted (summed up when the interval ends): bounded
+    // however many guesses, even if an interval ends during the test.
     let added = server.log().lines().count() - lines_before;
-    assert!(added <= 12, "{added} log lines:\n{}", server.log());
+    assert!(added <= 30, "{added} log lines:\n{}", server.log());
 }
 
 #[test]
