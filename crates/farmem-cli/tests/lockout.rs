@@ -37,7 +37,7 @@ fn workload(server: &Server, round: u8) -> Duration {
             *x = (first as usize * PAGE_SIZE + i) as u8 ^ round;
         }
         b.submit_write(IoClass::WriteBack, keys, buf)
-            .wait()
+            .wait(b.longest_wait())
             .expect("write");
     }
     for first in (0..PAGES).step_by(BATCH as usize) {
@@ -46,7 +46,7 @@ fn workload(server: &Server, round: u8) -> Duration {
             .collect();
         let got = b
             .submit_read(IoClass::Demand, keys, PageBuf::new(BATCH as usize))
-            .wait()
+            .wait(b.longest_wait())
             .expect("read");
         for (i, x) in got.buf.bytes().iter().enumerate() {
             assert_eq!(*x, (first as usize * PAGE_SIZE + i) as u8 ^ round);

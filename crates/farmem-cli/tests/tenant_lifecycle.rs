@@ -44,11 +44,11 @@ fn throwaway_tenant_names_do_not_fill_the_tenant_table() {
     buf.set_len(1);
     buf.bytes_mut().fill(0x42);
     b.submit_write(IoClass::WriteBack, key.clone(), buf)
-        .wait()
+        .wait(b.longest_wait())
         .unwrap();
     let got = b
         .submit_read(IoClass::Demand, key, PageBuf::new(1))
-        .wait()
+        .wait(b.longest_wait())
         .unwrap();
     assert!(got.buf.bytes().iter().all(|&x| x == 0x42));
     assert_eq!(server.metric("farmem_server_tenants"), 1.0);

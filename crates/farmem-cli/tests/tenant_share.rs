@@ -55,13 +55,13 @@ fn workload(server: &Server, round: u8) -> Duration {
             *x = (first * PAGE_SIZE + i) as u8 ^ round;
         }
         b.submit_write(IoClass::WriteBack, keys, buf)
-            .wait()
+            .wait(b.longest_wait())
             .expect("write");
     });
     batches(&mut |keys, first| {
         let got = b
             .submit_read(IoClass::Demand, keys, PageBuf::new(64))
-            .wait()
+            .wait(b.longest_wait())
             .expect("read");
         for (i, x) in got.buf.bytes().iter().enumerate() {
             assert_eq!(*x, (first * PAGE_SIZE + i) as u8 ^ round);
