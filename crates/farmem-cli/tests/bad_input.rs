@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -15,91 +15,10 @@ use farmem_runtime::backend::tcp::TcpBackend;
 use farmem_runtime::backend::{Backend, IoClass, PageBuf, PageKey};
 use farmem_runtime::PAGE_SIZE;
 use farmem_sys::random::random_bytes;
+use support::raw::Raw;
 use support::*;
 
 const SECRET: &str = "bad-input-secret";
-
-/// A client speaking the raw protocol.
-struct Raw {
-    s: TcpStream,
-}
-
-impl Raw {
-    fn connect(addr: &str) -> Raw {
-        let s = TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
-        Raw { s }
-    }
-
-    fn send(&mut self, b: &[u8]) {
-        // The server may have closed already: that is what these tests provoke.
-        let _ = self.s.write_all(b);
-    }
-
-    fn frame(&mut self) -> Option<(Header, Vec<u8>)> {
-        let mut hb = [0u8; p::HEADER_LEN];
-        self.s.read_exact(&mut hb).ok()?;
-        let h = Header::decode(&hb).ok()?;
-        let mut body = vec![0u8; h.len as usize];
-        self.s.read_exact(&mut body).ok()?;
-        Some((h, body))
-    }
-
-    /// The server closed this connection (EOF, possibly after an Error frame).
-    fn closed_by_server(&mut self) -> bool {
-        let mut b = [0u8; 4096];
-        loop {
-            match self.s.read(&mut b) {
-                Ok(0) => return true,
-                Ok(_) => continue,
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
-                Err(_) => return false,
-            }
-        }
-    }
-
-    /// Connect and authenticate as `tenant`.
-    fn authenticated(addr: &str, tenant: &str, secret: &str) -> Raw {
-        let mut r = Raw::connect(addr);
-        let (session, nonce) = (random_bytes::<16>(), random_bytes::<32>());
-        let mut out = Vec::new();
-        p::encode_hello(
-            &mut out,
-            &p::Hello {
-                min_version: 1,
-                max_version: 1,
-                session,
-                nonce,
-                resume: false,
-                tenant,
-            },
-        );
-        r.send(&out);
-        let (h, body) = r.frame().unwrap();
-        let Ok(Frame::Challenge(c)) = p::decode(&h, &body) else {
-            panic!("no challenge")
-        };
-        let t = Transcript {
-            tenant,
-            session: &session,
-            client_nonce: &nonce,
-            server_nonce: &c.nonce,
-        };
-        out.clear();
-        p::encode_auth(
-            &mut out,
-            &p::Auth {
-                proof: t.client_proof(&Secret::from_text(secret).unwrap()),
-            },
-        );
-        r.send(&out);
-        let (h, body) = r.frame().unwrap();
-        match p::decode(&h, &body).unwrap() {
-            Frame::Welcome(_) => r,
-            other => panic!("not welcomed: {other:?}"),
-        }
-    }
-}
 
 fn read_req(id: u64) -> Vec<u8> {
     let mut out = Vec::new();
@@ -359,9 +278,7 @@ fn corrupting_server(secret: &'static str) -> String {
 }
 
 fn serve_corrupting(mut s: TcpStream, secret: &str) {
-    let mut r = Raw {
-        s: s.try_clone().unwrap(),
-    };
+    let mut r = Raw::wrap(s.try_clone().unwrap());
     let Some((h, body)) = r.frame() else { return };
     let Ok(Frame::Hello(hello)) = p::decode(&h, &body) else {
         return;

@@ -23,10 +23,13 @@ pub enum Kind {
     Free = 18,
     Stats = 19,
     Close = 20,
+    /// Version 3: what the server does with the session when its last connection closes.
+    Goodbye = 21,
     ReadOk = 32,
     WriteOk = 33,
     FreeOk = 34,
     StatsOk = 35,
+    GoodbyeOk = 36,
     Error = 47,
 }
 
@@ -43,10 +46,12 @@ impl Kind {
             18 => Free,
             19 => Stats,
             20 => Close,
+            21 => Goodbye,
             32 => ReadOk,
             33 => WriteOk,
             34 => FreeOk,
             35 => StatsOk,
+            36 => GoodbyeOk,
             47 => Error,
             _ => return None,
         })
@@ -74,7 +79,8 @@ impl Kind {
             Read => 4 + MAX_BATCH_PAGES * READ_KEY_LEN,
             Write => 4 + MAX_BATCH_PAGES * (WRITE_KEY_LEN + PAGE_SIZE),
             Free => FREE_LEN,
-            Stats | Close => 0,
+            Stats | Close | GoodbyeOk => 0,
+            Goodbye => GOODBYE_LEN,
             ReadOk => 4 + MAX_BATCH_PAGES * READ_OK_PAGE_LEN,
             WriteOk => WRITE_OK_LEN,
             FreeOk => FREE_OK_LEN,

@@ -7,9 +7,11 @@ use crate::keys::PAGE_SIZE;
 pub const MAGIC: [u8; 4] = *b"FMEM";
 /// Protocol versions this build speaks.
 pub const VERSION_MIN: u16 = 1;
-pub const VERSION_MAX: u16 = 2;
+pub const VERSION_MAX: u16 = 3;
 /// First version whose prefetch reads may carry `useful_for`.
 pub const VERSION_USEFUL_FOR: u16 = 2;
+/// First version with `Goodbye` (and its reply `GoodbyeOk`).
+pub const VERSION_GOODBYE: u16 = 3;
 /// Unit of a header's `useful_for`, microseconds (the field reaches about one second).
 pub const USEFUL_FOR_UNIT_US: u64 = 16;
 pub const HEADER_LEN: usize = 16;
@@ -38,6 +40,7 @@ pub const HELLO_RESUME: u8 = 1;
 pub const HELLO_SHARE: u8 = 2;
 pub const WELCOME_LEN: usize = 32 + 1 + 8 + 8 + 8 + 4 + 4;
 pub const FREE_LEN: usize = 4 + 8 + 8;
+pub const GOODBYE_LEN: usize = 1;
 pub const WRITE_OK_LEN: usize = 4 + 8;
 pub const FREE_OK_LEN: usize = 8 + 8;
 pub const STATS_OK_LEN: usize = 5 * 8;

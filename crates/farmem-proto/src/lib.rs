@@ -9,8 +9,8 @@
 //!        ◄─ Challenge (version, nonce, server instance)
 //!   Auth   (HMAC(secret, both nonces, ...))   ─►
 //!        ◄─ Welcome (server's own proof, session state, limits)   or Error, then close
-//!   Read / Write / Free / Stats / Close       ─►   (many in flight, each with an id)
-//!        ◄─ ReadOk / WriteOk / FreeOk / StatsOk / Error   (same id, any order)
+//!   Read / Write / Free / Stats / Close / Goodbye   ─►   (many in flight, each with an id)
+//!        ◄─ ReadOk / WriteOk / FreeOk / StatsOk / GoodbyeOk / Error   (same id, any order)
 //! ```
 //!
 //! Every frame starts with a 16-byte little-endian header `len u32 | kind u8 | class u8 |

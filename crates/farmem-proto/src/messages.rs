@@ -12,11 +12,19 @@
 //! | Write | n u32, n × (region u32, crc u32, page u64), n × 4096 bytes |
 //! | Free | region u32, first u64, count u64 |
 //! | Stats, Close | empty |
+//! | Goodbye (version 3) | free u8: 1 = free the session's pages at once when its last connection closes, 0 = cancel that |
 //! | ReadOk | n u32, n × crc u32, n × 4096 bytes |
 //! | WriteOk | new_pages u32, session_pages u64 |
 //! | FreeOk | freed u64, session_pages u64 |
 //! | StatsOk | session_pages, tenant_pages, quota_pages, server_pages, capacity_pages (u64 each) |
+//! | GoodbyeOk (version 3) | empty |
 //! | Error | code u16, len u16, message (UTF-8) |
+//!
+//! `Goodbye` is for a program that is about to exit: without it, a session whose connections
+//! are all lost is kept for the server's session timeout so that the program can reconnect
+//! and find its pages; with it, the server frees the pages as soon as the last connection
+//! closes (or a lost one is noticed). Only a connection that agreed on version 3 or later may
+//! send it; the server answers `GoodbyeOk` at once.
 
 use crate::frame::{page_crc, ErrorCode, Header, Kind, ProtoError};
 use crate::keys::{IoClass, PageKey, PAGE_SIZE};
@@ -136,6 +144,14 @@ impl<'a> WriteReq<'a> {
     }
 }
 
+/// The session's fate when its last connection closes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Goodbye {
+    /// `true`: free its pages at once then; `false`: keep them for the session timeout, as
+    /// without a Goodbye (cancels an earlier `true`).
+    pub free_at_close: bool,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FreeReq {
     pub region: u32,
@@ -209,10 +225,12 @@ pub enum Frame<'a> {
     Free(FreeReq),
     Stats,
     Close,
+    Goodbye(Goodbye),
     ReadOk(ReadOk<'a>),
     WriteOk(WriteOk),
     FreeOk(FreeOk),
     StatsOk(StatsOk),
+    GoodbyeOk,
     Error(ErrorMsg<'a>),
 }
 
@@ -388,6 +406,14 @@ pub fn decode<'a>(h: &Header, body: &'a [u8]) -> Result<Frame<'a>, ProtoError> {
         }
         Kind::Stats => Frame::Stats,
         Kind::Close => Frame::Close,
+        Kind::Goodbye => Frame::Goodbye(Goodbye {
+            free_at_close: match c.u8("free flag")? {
+                0 => false,
+                1 => true,
+                _ => return Err(c.bad("free flag is neither 0 nor 1")),
+            },
+        }),
+        Kind::GoodbyeOk => Frame::GoodbyeOk,
         Kind::ReadOk => {
             let n = c.count()?;
             Frame::ReadOk(ReadOk {
@@ -553,7 +579,12 @@ pub fn encode_free(out: &mut Vec<u8>, id: u64, f: &FreeReq) {
     out.extend_from_slice(&f.count.to_le_bytes());
 }
 
-/// Stats or Close.
+pub fn encode_goodbye(out: &mut Vec<u8>, id: u64, g: &Goodbye) {
+    head(out, Kind::Goodbye, IoClass::Demand, id, GOODBYE_LEN);
+    out.push(g.free_at_close as u8);
+}
+
+/// Stats, Close or GoodbyeOk.
 pub fn encode_empty(out: &mut Vec<u8>, kind: Kind, id: u64) {
     assert!(kind.max_body() == 0, "{kind:?} has a body");
     head(out, kind, IoClass::Demand, id, 0);

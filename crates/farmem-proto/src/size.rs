@@ -1,10 +1,14 @@
 //! Sizes as people write them (`4096`, `64K`, `512M`, `2G`, `1.5T`): one syntax for token
 //! files, command lines and `FARMEM_*` variables.
 
-/// A size that does not parse.
+/// A size that does not parse, or that no 64-bit byte count can hold.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid size '{0}': expected e.g. 4096, 512M, 2G")]
-pub struct SizeError(pub String);
+pub enum SizeError {
+    #[error("invalid size '{0}': expected e.g. 4096, 512M, 2G")]
+    Syntax(String),
+    #[error("size '{0}' is too large: more than 16 EiB (2^64 bytes)")]
+    TooLarge(String),
+}
 
 /// Parse a size: `4096`, `64K`, `512M`, `2G`, `1T` (binary units, optional `B`/`iB`).
 pub fn parse_size(s: &str) -> Result<u64, SizeError> {
@@ -20,12 +24,24 @@ pub fn parse_size(s: &str) -> Result<u64, SizeError> {
         Some('t' | 'T') => (&t[..t.len() - 1], 1 << 40),
         _ => (t, 1),
     };
-    let bad = || SizeError(s.to_string());
-    let v: f64 = num.trim().parse().map_err(|_| bad())?;
+    let num = num.trim();
+    let bad = || SizeError::Syntax(s.to_string());
+    let too_large = || SizeError::TooLarge(s.to_string());
+    // Whole numbers exactly (a float would round 2^64 - 1 and accept it rounded up).
+    if !num.is_empty() && num.bytes().all(|b| b.is_ascii_digit()) {
+        let v: u64 = num.parse().map_err(|_| too_large())?;
+        return v.checked_mul(mult).ok_or_else(too_large);
+    }
+    let v: f64 = num.parse().map_err(|_| bad())?;
     if !v.is_finite() || v < 0.0 {
         return Err(bad());
     }
-    Ok((v * mult as f64) as u64)
+    let bytes = v * mult as f64;
+    // 2^64 is the first value `as u64` would silently saturate.
+    if bytes >= 18_446_744_073_709_551_616.0 {
+        return Err(too_large());
+    }
+    Ok(bytes as u64)
 }
 
 #[cfg(test)]
@@ -39,7 +55,27 @@ mod tests {
         assert_eq!(parse_size("512M").unwrap(), 512 << 20);
         assert_eq!(parse_size("2GiB").unwrap(), 2 << 30);
         assert_eq!(parse_size("1.5G").unwrap(), 3 << 29);
-        assert!(parse_size("lots").is_err());
-        assert!(parse_size("-1G").is_err());
+        assert_eq!(parse_size(" 3 T ").unwrap(), 3 << 40);
+        assert!(matches!(parse_size("lots"), Err(SizeError::Syntax(_))));
+        assert!(matches!(parse_size("-1G"), Err(SizeError::Syntax(_))));
+        assert!(matches!(parse_size("inf"), Err(SizeError::Syntax(_))));
+    }
+
+    #[test]
+    fn sizes_beyond_64_bits_are_errors() {
+        assert_eq!(parse_size("18446744073709551615").unwrap(), u64::MAX);
+        assert_eq!(parse_size("16777215T").unwrap(), 16_777_215 << 40);
+        for s in [
+            "18446744073709551616",
+            "99999999999T",
+            "16777216T",
+            "16777216.0T",
+            "1e30",
+            "99999999999999999999999999K",
+        ] {
+            let e = parse_size(s).unwrap_err();
+            assert!(matches!(e, SizeError::TooLarge(_)), "{s}: {e:?}");
+            assert!(e.to_string().contains("too large"), "{e}");
+        }
     }
 }

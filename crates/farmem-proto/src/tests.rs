@@ -143,6 +143,11 @@ proptest! {
              Frame::Error(ErrorMsg { code: ErrorCode::NotFound, message: &msg })),
             ({ let mut o = Vec::new(); encode_empty(&mut o, Kind::Stats, id); o }, Frame::Stats),
             ({ let mut o = Vec::new(); encode_empty(&mut o, Kind::Close, id); o }, Frame::Close),
+            ({ let mut o = Vec::new(); encode_goodbye(&mut o, id,
+                 &Goodbye { free_at_close: c % 2 == 1 }); o },
+             Frame::Goodbye(Goodbye { free_at_close: c % 2 == 1 })),
+            ({ let mut o = Vec::new(); encode_empty(&mut o, Kind::GoodbyeOk, id); o },
+             Frame::GoodbyeOk),
         ];
         for (bytes, want) in cases {
             let (h, got) = decode_all(&bytes).unwrap().unwrap();
@@ -169,8 +174,8 @@ proptest! {
     #[test]
     fn random_bodies_never_panic(kind in prop::sample::select(vec![
             Kind::Hello, Kind::Challenge, Kind::Auth, Kind::Welcome, Kind::Read, Kind::Write,
-            Kind::Free, Kind::Stats, Kind::Close, Kind::ReadOk, Kind::WriteOk, Kind::FreeOk,
-            Kind::StatsOk, Kind::Error]),
+            Kind::Free, Kind::Stats, Kind::Close, Kind::Goodbye, Kind::ReadOk, Kind::WriteOk,
+            Kind::FreeOk, Kind::StatsOk, Kind::GoodbyeOk, Kind::Error]),
             body in prop::collection::vec(any::<u8>(), 0..400)) {
         let len = body.len().min(kind.max_body());
         let mut out = Vec::new();
@@ -338,4 +343,64 @@ fn a_prefetch_read_carries_its_deadline_and_nothing_else_may() {
         ErrorCode::from_u16(ErrorCode::Late as u16),
         Some(ErrorCode::Late)
     );
+}
+
+#[test]
+fn goodbye_is_a_version_3_request_with_one_flag_byte() {
+    assert_eq!(VERSION_MAX, 3);
+    assert_eq!(VERSION_GOODBYE, 3);
+    assert_eq!((Kind::Goodbye as u8, Kind::GoodbyeOk as u8), (21, 36));
+    assert!(Kind::Goodbye.is_request() && Kind::GoodbyeOk.is_response());
+    for free_at_close in [false, true] {
+        let mut out = Vec::new();
+        encode_goodbye(&mut out, 9, &Goodbye { free_at_close });
+        assert_eq!(out.len(), HEADER_LEN + 1);
+        assert_eq!(out[HEADER_LEN], free_at_close as u8);
+        let (h, f) = decode_all(&out).unwrap().unwrap();
+        assert_eq!((h.id, h.kind), (9, Kind::Goodbye));
+        assert_eq!(f, Frame::Goodbye(Goodbye { free_at_close }));
+    }
+    // A flag other than 0 or 1, an empty body, and a longer one are refused.
+    let mut bad = Vec::new();
+    encode_goodbye(
+        &mut bad,
+        1,
+        &Goodbye {
+            free_at_close: true,
+        },
+    );
+    bad[HEADER_LEN] = 2;
+    let (h, n) = split_frame(&bad).unwrap().unwrap();
+    assert!(matches!(
+        decode(&h, &bad[HEADER_LEN..n]),
+        Err(ProtoError::Malformed {
+            kind: Kind::Goodbye,
+            ..
+        })
+    ));
+    let mut empty = Vec::new();
+    Header::new(Kind::Goodbye, IoClass::Demand, 1, 0).encode(&mut empty);
+    let (h, n) = split_frame(&empty).unwrap().unwrap();
+    assert!(decode(&h, &empty[HEADER_LEN..n]).is_err());
+    let mut long = Vec::new();
+    Header::new(Kind::Goodbye, IoClass::Demand, 1, 2).encode(&mut long);
+    long.extend([1, 0]);
+    assert!(matches!(
+        split_frame(&long),
+        Err(ProtoError::Oversized {
+            kind: Kind::Goodbye,
+            ..
+        })
+    ));
+    // The reply has no body: one byte is refused from its header.
+    let mut ok = Vec::new();
+    Header::new(Kind::GoodbyeOk, IoClass::Demand, 1, 1).encode(&mut ok);
+    ok.push(0);
+    assert!(matches!(
+        split_frame(&ok),
+        Err(ProtoError::Oversized {
+            kind: Kind::GoodbyeOk,
+            ..
+        })
+    ));
 }

@@ -1,19 +1,23 @@
 //! Token files: the shared secrets of far-memory tenants, read by `farmem server` and by the
 //! TCP backend.
 //!
-//! One entry per line; `#` starts a comment:
+//! One entry per line. A line whose first character other than blanks is `#` is a comment;
+//! a `#` anywhere else is part of the line (secrets may contain it), so there are no
+//! comments at the end of a line:
 //!
 //! ```text
 //! # a bare secret: any tenant that knows it may connect (one shared secret)
 //! 9f2c1e0a7b...
 //! # or per tenant: name, secret, and optionally its fair-share weight and quota
 //! alice  3d7e...  weight=2 quota=8G
-//! bob    a41b...
+//! bob    a41b#9...
 //! ```
 //!
 //! The server accepts a tenant that has its own line with that line's secret, and any other
 //! tenant with the bare secret if there is one. A client uses its tenant's line if there is
-//! one, else the bare secret, so one file can serve both sides on a test machine.
+//! one, else the bare secret, so one file can serve both sides on a test machine. With a bare
+//! secret, a tenant is only a name: whoever knows that secret may use any tenant name that
+//! has no line of its own, so those tenants are not isolated from each other.
 
 use crate::auth::Secret;
 use crate::layout::valid_tenant;
@@ -37,8 +41,8 @@ impl TokenFile {
     pub fn parse(text: &str) -> Result<TokenFile, String> {
         let mut entries: Vec<TokenEntry> = Vec::new();
         for (n, raw) in text.lines().enumerate() {
-            let line = raw.split('#').next().unwrap_or("").trim();
-            if line.is_empty() {
+            let line = raw.trim();
+            if line.is_empty() || line.starts_with('#') {
                 continue;
             }
             let at = |msg: String| format!("line {}: {msg}", n + 1);
@@ -130,7 +134,7 @@ mod tests {
     #[test]
     fn parses_bare_and_per_tenant_entries() {
         let f = TokenFile::parse(
-            "# comment\n  shared-secret \nalice s1 weight=2 quota=1G # trailing\nbob s2\n",
+            "# comment\n  shared-secret \nalice s1 weight=2 quota=1G\n\t # indented\nbob s2\n",
         )
         .unwrap();
         assert_eq!(f.entries.len(), 3);
@@ -143,6 +147,24 @@ mod tests {
         );
         let only_tenants = TokenFile::parse("alice s1\n").unwrap();
         assert!(only_tenants.secret_for("carol").is_none());
+    }
+
+    #[test]
+    fn a_hash_inside_a_secret_is_part_of_it() {
+        let f = TokenFile::parse("pa#ssword#1\nalice #s#2 quota=1M\n  #bob s3\n").unwrap();
+        assert_eq!(f.shared(), Secret::from_text("pa#ssword#1").as_ref());
+        assert_eq!(
+            f.secret_for("alice"),
+            Secret::from_text("#s#2").as_ref(),
+            "a secret may even start with #"
+        );
+        assert!(
+            f.tenant("bob").is_none(),
+            "a line starting with # is a comment"
+        );
+        // What used to be a trailing comment is now an option, and refused as one.
+        let e = TokenFile::parse("alice s1 # note").unwrap_err();
+        assert!(e.contains("unknown option '#'"), "{e}");
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! One client connection on the server: non-blocking reads split into frames, and an output
 //! queue for what the socket did not take at once.
 //!
-//! Small frames are cut out of a 64 KiB read buffer; a large one (a batched write) is read
-//! straight into a pooled buffer of its size. Replies are written with `writev` as soon as
-//! they are ready, pages taken directly from the store; only what the socket does not accept
-//! right away is copied into the output queue.
+//! Small frames are cut out of a 64 KiB read buffer (1 KiB until the connection
+//! authenticates: handshake frames are small, and unauthenticated connections are many and
+//! cheap to open); a large one (a batched write) is read straight into a pooled buffer of its
+//! size. Replies are written with `writev` as soon as they are ready, pages taken directly
+//! from the store; only what the socket does not accept right away is copied into the output
+//! queue.
 
 use std::collections::{HashSet, VecDeque};
 use std::io::{self, IoSlice, Read, Write};
@@ -14,9 +16,13 @@ use std::time::Instant;
 use farmem_proto::{Header, Kind, Nonce, ProtoError, SessionId, HEADER_LEN};
 use mio::net::TcpStream;
 
-use super::store::SessionIdx;
+use crate::source::Source;
+use crate::store::SessionIdx;
 
 const RBUF: usize = 64 << 10;
+/// Read buffer of a connection in its handshake: twice its largest frame (a Hello), so a
+/// partial frame always leaves room to read the rest.
+const HANDSHAKE_RBUF: usize = 1024;
 
 /// Reusable frame buffers by power-of-two size class, so a stream of batched writes does not
 /// allocate (and fault in) megabytes per request.
@@ -98,7 +104,10 @@ pub(crate) enum Next {
 pub(crate) struct Conn {
     pub(crate) sock: TcpStream,
     pub(crate) peer: SocketAddr,
+    pub(crate) source: Source,
     pub(crate) state: State,
+    /// The protocol version agreed on (0 before the Hello is answered).
+    pub(crate) version: u16,
     /// The handshake must finish by then.
     pub(crate) deadline: Option<Instant>,
     rbuf: Box<[u8]>,
@@ -119,6 +128,8 @@ pub(crate) struct Conn {
     pub(crate) allocated: usize,
     /// When bytes last arrived.
     last_read: Instant,
+    /// Since when output has waited without the socket taking any of it.
+    unsent_since: Option<Instant>,
 }
 
 impl Conn {
@@ -126,9 +137,11 @@ impl Conn {
         Conn {
             sock,
             peer,
+            source: Source::of(peer.ip()),
             state: State::Hello,
+            version: 0,
             deadline: Some(deadline),
-            rbuf: vec![0u8; RBUF].into_boxed_slice(),
+            rbuf: vec![0u8; HANDSHAKE_RBUF].into_boxed_slice(),
             rstart: 0,
             rend: 0,
             big: None,
@@ -140,6 +153,18 @@ impl Conn {
             paused: false,
             allocated: 0,
             last_read: Instant::now(),
+            unsent_since: None,
+        }
+    }
+
+    /// The connection authenticated: requests may be large and pipelined from now on.
+    pub(crate) fn grow_read_buffer(&mut self) {
+        if self.rbuf.len() < RBUF {
+            let mut b = vec![0u8; RBUF].into_boxed_slice();
+            b[..self.rend - self.rstart].copy_from_slice(&self.rbuf[self.rstart..self.rend]);
+            self.rend -= self.rstart;
+            self.rstart = 0;
+            self.rbuf = b;
         }
     }
 
@@ -156,6 +181,13 @@ impl Conn {
     pub(crate) fn stalled_mid_frame(&self, now: Instant, limit: std::time::Duration) -> bool {
         (self.big.is_some() || self.rend > self.rstart)
             && now.duration_since(self.last_read) > limit
+    }
+
+    /// Replies have waited for `limit` without the client taking a byte of them (a client
+    /// that stops reading would keep what they hold for as long as it likes).
+    pub(crate) fn stalled_replies(&self, now: Instant, limit: std::time::Duration) -> bool {
+        self.unsent_since
+            .is_some_and(|t| now.duration_since(t) > limit)
     }
 
     /// Whether a frame of this kind may come now. Checked on the header, so that a client
@@ -225,7 +257,7 @@ impl Conn {
                     self.rstart += total;
                     return Ok(Next::Frame(h, body));
                 }
-                if total > RBUF / 2 {
+                if total > self.rbuf.len() / 2 {
                     // A large frame: take what arrived, read the rest straight into its body.
                     self.allocated += h.len as usize;
                     let mut body = pool.get(h.len as usize);
@@ -292,6 +324,9 @@ impl Conn {
             skip = 0;
         }
         let queued = rest.len();
+        if self.out.is_empty() {
+            self.unsent_since = Some(Instant::now());
+        }
         self.out_bytes += queued;
         self.out.push_back(rest);
         Ok(queued)
@@ -317,6 +352,11 @@ impl Conn {
             }
         }
         self.out_bytes -= written;
+        if self.out.is_empty() {
+            self.unsent_since = None;
+        } else if written > 0 {
+            self.unsent_since = Some(Instant::now());
+        }
         Ok(written)
     }
 }

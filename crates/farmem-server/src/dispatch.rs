@@ -1,6 +1,6 @@
 //! What requests do, once their turn comes: read pages (sent straight from the store), write
 //! them (within the server's capacity and the tenant's quota), free a range or a whole
-//! session; and stats, answered at once.
+//! session; and Stats and Goodbye, answered at once.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -13,20 +13,23 @@ use crate::store::SessionIdx;
 
 impl Engine {
     /// Serve a job taken from the queue: answer `Late` past its deadline, `SessionUnknown`
-    /// if its session was closed meanwhile, else do what it asks.
+    /// if its session was closed meanwhile, else do what it asks. A job whose connection
+    /// closed after it left the queue (answering an earlier job of a batch taken out at once
+    /// can close it) is dropped.
     pub(crate) fn execute(&mut self, tenant: usize, job: Job) {
-        let c = self
-            .conns
-            .get_mut(&job.conn)
-            .expect("jobs of closed connections are dropped");
+        if job.expires.is_some() {
+            self.deadlines_queued -= 1;
+        }
+        let Some(c) = self.conns.get_mut(&job.conn) else {
+            // Its holdings went with the connection.
+            self.pool.put(job.body);
+            return;
+        };
         self.held.sub(c, job.reserve);
         c.inflight.remove(&job.id);
         let ci = class_index(job.class);
         self.metrics.requests[ci].fetch_add(1, Ordering::Relaxed);
         self.tenants[tenant].metrics.requests[ci].fetch_add(1, Ordering::Relaxed);
-        if job.expires.is_some() {
-            self.deadlines_queued -= 1;
-        }
         if job.expires.is_some_and(|e| e <= Instant::now()) {
             let waited = job.expires.map(|e| e.elapsed()).unwrap_or_default();
             let msg = format!(
@@ -206,6 +209,14 @@ impl Engine {
             },
         );
         self.send(job.conn, &[&out]);
+    }
+
+    /// Answer a Goodbye (not queued: it only marks the session).
+    pub(crate) fn answer_goodbye(&mut self, id: u64, req: u64, session: SessionIdx, free: bool) {
+        self.goodbye(session, free);
+        let mut out = Vec::new();
+        p::encode_empty(&mut out, Kind::GoodbyeOk, req);
+        self.send(id, &[&out]);
     }
 
     /// Answer a Stats request (not queued: it only reads counters).

@@ -1,7 +1,12 @@
 //! The handshake of a connection: the client's Hello (protocol version, tenant, session)
 //! is answered with a challenge; its proof of the secret, checked by challenge-response, with
 //! a Welcome that attaches the connection to its tenant and session. A failed step is answered
-//! with an error and closes the connection.
+//! with an error and closes the connection; a wrong proof also counts a strike against the
+//! client's address (`backoff`), and a proof from an address in its back-off is refused
+//! without being examined.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use farmem_proto::auth::{Secret, Transcript};
 use farmem_proto::{self as p, ErrorCode, Frame, Header, IoClass};
@@ -9,13 +14,14 @@ use farmem_sys::random::random_bytes;
 
 use crate::closing::Close;
 use crate::conn::State;
+use crate::metrics::Refusal;
 use crate::state::{Engine, LOG_TARGET};
 
 impl Engine {
     /// Decode a frame whose kind the connection admitted for its state (see
     /// `Conn::admissible`); a malformed body closes the connection.
     fn decode<'a>(h: &Header, body: &'a [u8]) -> Result<Frame<'a>, Close> {
-        p::decode(h, body).map_err(|e| Close::BadInput(e.to_string()))
+        p::decode(h, body).map_err(|e| Close::BadInput("malformed frame", e.to_string()))
     }
 
     pub(crate) fn on_hello(&mut self, id: u64, h: &Header, body: &[u8]) -> Result<(), Close> {
@@ -32,7 +38,7 @@ impl Engine {
                 p::VERSION_MAX
             );
             self.send_error(id, 0, IoClass::Demand, ErrorCode::Version, &msg);
-            return Err(Close::Refused(msg));
+            return Err(Close::Declined(msg));
         }
         let server_nonce = random_bytes::<32>();
         let mut out = Vec::new();
@@ -45,6 +51,7 @@ impl Engine {
             },
         );
         let c = self.conns.get_mut(&id).expect("live connection");
+        c.version = version;
         c.state = State::Auth {
             tenant: hello.tenant.to_string(),
             session: hello.session,
@@ -73,7 +80,20 @@ impl Engine {
         };
         let (tenant, session, resume) = (tenant.clone(), *session, *resume);
         let (client_nonce, server_nonce) = (*client_nonce, *server_nonce);
-        let peer = c.peer;
+        let (peer, source) = (c.peer, c.source);
+        let now = Instant::now();
+        if let Some(left) = self.admission.backoff.refusing(source, now) {
+            self.metrics.refused(Refusal::AuthBackoff);
+            let msg = format!(
+                "too many failed authentications from {source} lately: try again in {:.1} s",
+                left.as_secs_f64()
+            );
+            self.send_error(id, 0, IoClass::Demand, ErrorCode::TooBusy, &msg);
+            return Err(Close::AuthFailed {
+                examined: false,
+                detail: format!("proof for tenant '{tenant}' not examined: {msg}"),
+            });
+        }
         let transcript = Transcript {
             tenant: &tenant,
             session: &session,
@@ -91,6 +111,8 @@ impl Engine {
             .unwrap_or(&unknown)
             .clone();
         if !transcript.verify_client(&secret, &auth.proof) {
+            self.metrics.auth_failures.fetch_add(1, Ordering::Relaxed);
+            let window = self.admission.backoff.failed(source, now);
             self.send_error(
                 id,
                 0,
@@ -98,18 +120,40 @@ impl Engine {
                 ErrorCode::AuthFailed,
                 "authentication failed",
             );
-            return Err(Close::Refused(format!(
-                "authentication of tenant '{tenant}' from {peer} failed"
-            )));
+            let mut detail = format!("authentication of tenant '{tenant}' from {peer} failed");
+            if !window.is_zero() {
+                detail += &format!(
+                    " (again: {source} is refused for {:.1} s)",
+                    window.as_secs_f64()
+                );
+            }
+            return Err(Close::AuthFailed {
+                examined: true,
+                detail,
+            });
         }
-        let attached = self
-            .tenant_for(&tenant)
-            .and_then(|t| self.attach(t, session, resume).map(|s| (t, s)));
-        let (t, (sidx, resumed, pages)) = match attached {
-            Ok(x) => x,
+        if self.authed >= self.cfg.max_conns {
+            let msg = format!(
+                "the server has too many connections ({} authenticated, --max-conns)",
+                self.authed
+            );
+            self.send_error(id, 0, IoClass::Demand, ErrorCode::TooBusy, &msg);
+            return Err(Close::Refused(Refusal::MaxConns, msg));
+        }
+        let t = match self.tenant_for(&tenant) {
+            Ok(t) => t,
             Err((code, msg)) => {
                 self.send_error(id, 0, IoClass::Demand, code, &msg);
-                return Err(Close::Refused(msg));
+                return Err(Close::Declined(msg));
+            }
+        };
+        let (sidx, resumed, pages) = match self.attach(t, session, resume) {
+            Ok(x) => x,
+            Err((code, msg)) => {
+                // A tenant made for this connection alone is forgotten again.
+                self.forget_if_unused(t);
+                self.send_error(id, 0, IoClass::Demand, code, &msg);
+                return Err(Close::Declined(msg));
             }
         };
         let mut out = Vec::new();
@@ -131,7 +175,14 @@ impl Engine {
             session: sidx,
         };
         c.deadline = None;
+        c.grow_read_buffer();
         self.held.attribute(c);
+        self.admission.leave(source, id);
+        self.metrics
+            .unauth_connections
+            .fetch_sub(1, Ordering::Relaxed);
+        self.authed += 1;
+        self.tenant_connected(t);
         tracing::debug!(
             target: LOG_TARGET,
             "connection {id} from {peer}: tenant '{tenant}', session {sidx} ({})",

@@ -37,6 +37,16 @@ impl Holdings {
         }
     }
 
+    /// Tenant slot `t` begins (a new tenant, or a forgotten one's slot reused): it holds
+    /// nothing.
+    pub(crate) fn new_tenant(&mut self, t: usize) {
+        if self.tenants.len() <= t {
+            self.tenants.resize(t + 1, 0);
+        }
+        debug_assert_eq!(self.tenants[t], 0, "a new tenant holds nothing");
+        self.tenants[t] = 0;
+    }
+
     /// A connection goes: nothing it held is held any more.
     pub(crate) fn forget(&mut self, c: &mut Conn) {
         let n = c.held;

@@ -1,19 +1,65 @@
 //! Server counters: updated by the event loop (relaxed atomics), served in Prometheus text
-//! format on `--metrics ADDR` by a small HTTP thread, and printed for a person by
-//! `farmem server --stats ADDR` (see `scrape`).
+//! format on `--metrics ADDR` by a small HTTP thread (`metrics_http`), and printed for a
+//! person by `farmem server --stats ADDR` (see `scrape`).
 
 use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::TcpListener;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use farmem_proto::ErrorCode;
 use farmem_proto::PAGE_SIZE;
 use parking_lot::Mutex;
 
 pub(crate) const CLASS_NAMES: [&str; 3] = ["demand", "prefetch", "writeback"];
+
+/// Why a connection was refused or dropped before it could authenticate (or, for
+/// `MaxConns`, right after).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// Its address failed to authenticate too often lately.
+    AuthBackoff,
+    /// Its address had its share of connections in their handshake.
+    UnauthPerAddr,
+    /// Every handshake slot was taken.
+    UnauthFull,
+    /// It did not finish its handshake in time.
+    HandshakeTimeout,
+    /// The server had `--max-conns` authenticated connections.
+    MaxConns,
+}
+
+impl Refusal {
+    pub(crate) const ALL: [Refusal; 5] = [
+        Refusal::AuthBackoff,
+        Refusal::UnauthPerAddr,
+        Refusal::UnauthFull,
+        Refusal::HandshakeTimeout,
+        Refusal::MaxConns,
+    ];
+
+    /// Label in the metrics.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Refusal::AuthBackoff => "auth_backoff",
+            Refusal::UnauthPerAddr => "unauth_per_addr",
+            Refusal::UnauthFull => "unauth_full",
+            Refusal::HandshakeTimeout => "handshake_timeout",
+            Refusal::MaxConns => "max_conns",
+        }
+    }
+
+    /// For the log's summary lines.
+    pub(crate) fn describe(self) -> &'static str {
+        match self {
+            Refusal::AuthBackoff => "refused after failed authentications from the address",
+            Refusal::UnauthPerAddr => "dropped: too many handshakes from the address",
+            Refusal::UnauthFull => "dropped: every handshake slot taken",
+            Refusal::HandshakeTimeout => "handshake not finished in time",
+            Refusal::MaxConns => "authenticated connection limit reached",
+        }
+    }
+}
 
 #[derive(Default)]
 pub(crate) struct TenantMetrics {
@@ -32,8 +78,17 @@ pub(crate) struct Metrics {
     pub capacity_pages: u64,
     pub stored_pages: AtomicU64,
     pub connections: AtomicU64,
+    /// Of `connections`, those still in their handshake.
+    pub unauth_connections: AtomicU64,
     pub connections_total: AtomicU64,
+    /// By `Refusal` (index: position in `Refusal::ALL`).
+    pub refused: [AtomicU64; Refusal::ALL.len()],
+    /// Proofs examined and found wrong.
+    pub auth_failures: AtomicU64,
     pub sessions: AtomicU64,
+    /// Tenants known (created on their first connection, forgotten once they have neither
+    /// pages nor sessions).
+    pub tenants_known: AtomicU64,
     /// Bytes held for queued requests, announced replies and unsent output.
     pub held_bytes: AtomicU64,
     pub requests: [AtomicU64; 3],
@@ -54,8 +109,12 @@ impl Metrics {
             capacity_pages,
             stored_pages: AtomicU64::new(0),
             connections: AtomicU64::new(0),
+            unauth_connections: AtomicU64::new(0),
             connections_total: AtomicU64::new(0),
+            refused: Default::default(),
+            auth_failures: AtomicU64::new(0),
             sessions: AtomicU64::new(0),
+            tenants_known: AtomicU64::new(0),
             held_bytes: AtomicU64::new(0),
             requests: Default::default(),
             pages_read: AtomicU64::new(0),
@@ -73,6 +132,16 @@ impl Metrics {
             .position(|&c| c == code)
             .expect("listed");
         self.errors[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn refused(&self, why: Refusal) {
+        let i = Refusal::ALL.iter().position(|&r| r == why).expect("listed");
+        self.refused[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A tenant was forgotten: its series go from the exposition.
+    pub(crate) fn forget_tenant(&self, t: &Arc<TenantMetrics>) {
+        self.tenants.lock().retain(|x| !Arc::ptr_eq(x, t));
     }
 
     /// The Prometheus text exposition.
@@ -117,16 +186,45 @@ impl Metrics {
             one(l(&self.connections)),
         );
         metric(
+            "farmem_server_unauthenticated_connections",
+            "gauge",
+            "Client connections open now that have not authenticated yet.",
+            one(l(&self.unauth_connections)),
+        );
+        metric(
             "farmem_server_connections_total",
             "counter",
             "Client connections accepted.",
             one(l(&self.connections_total)),
         );
         metric(
+            "farmem_server_refused_connections_total",
+            "counter",
+            "Connections refused or dropped before they authenticated (max_conns: right \
+             after), by reason.",
+            Refusal::ALL
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (format!("{{reason=\"{}\"}}", r.name()), l(&self.refused[i])))
+                .collect(),
+        );
+        metric(
+            "farmem_server_auth_failures_total",
+            "counter",
+            "Authentication proofs examined and found wrong.",
+            one(l(&self.auth_failures)),
+        );
+        metric(
             "farmem_server_sessions",
             "gauge",
             "Client sessions (one per program) alive now.",
             one(l(&self.sessions)),
+        );
+        metric(
+            "farmem_server_tenants",
+            "gauge",
+            "Tenants known now (those with pages or sessions).",
+            one(l(&self.tenants_known)),
         );
         metric(
             "farmem_server_held_bytes",
@@ -231,36 +329,6 @@ impl Metrics {
                 .collect(),
         );
         o
-    }
-}
-
-/// Serve `GET /metrics` on `listener` until the process ends.
-pub(crate) fn serve_http(listener: TcpListener, m: Arc<Metrics>) {
-    for conn in listener.incoming() {
-        let Ok(mut s) = conn else { continue };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-        let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
-        let mut req = Vec::new();
-        let mut buf = [0u8; 1024];
-        while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 8192 {
-            match s.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => req.extend_from_slice(&buf[..n]),
-            }
-        }
-        let line = String::from_utf8_lossy(&req);
-        let line = line.lines().next().unwrap_or("");
-        let (status, body) = if line.starts_with("GET /metrics ") || line == "GET /metrics" {
-            ("200 OK", m.render())
-        } else {
-            ("404 Not Found", "metrics are at /metrics\n".to_string())
-        };
-        let _ = write!(
-            s,
-            "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4\r\n\
-             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        );
     }
 }
 

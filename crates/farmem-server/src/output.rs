@@ -39,6 +39,20 @@ impl Engine {
         self.pool.put(body);
     }
 
+    /// A last word to a connection about to be closed for a limit: an error frame if the
+    /// socket takes it, nothing else (it must not close the connection itself).
+    pub(crate) fn farewell(&mut self, id: u64, code: ErrorCode, msg: &str) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        self.metrics.error(code);
+        let mut out = Vec::new();
+        p::encode_error(&mut out, 0, IoClass::Demand, code, msg);
+        if let Ok(queued) = c.send(&[&out]) {
+            self.held.add(c, queued);
+        }
+    }
+
     pub(crate) fn send_error(
         &mut self,
         id: u64,

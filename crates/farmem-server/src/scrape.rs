@@ -132,10 +132,16 @@ pub(crate) fn human_report(addr: &str, text: &str) -> String {
     );
     let _ = writeln!(
         o,
-        "  clients      {} connections, {} sessions ({} connections since start)",
+        "  clients      {} connections ({} not authenticated yet), {} sessions, {} tenants \
+         ({} connections since start, {} refused or dropped before authenticating, {} failed \
+         authentications)",
         get("farmem_server_connections"),
+        get("farmem_server_unauthenticated_connections"),
         get("farmem_server_sessions"),
-        get("farmem_server_connections_total")
+        get("farmem_server_tenants"),
+        get("farmem_server_connections_total"),
+        get("farmem_server_refused_connections_total"),
+        get("farmem_server_auth_failures_total")
     );
     let reqs = labelled("farmem_server_requests_total", "class");
     let _ = writeln!(

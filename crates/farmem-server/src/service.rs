@@ -19,8 +19,8 @@ const TURN_BUDGET: Duration = Duration::from_micros(100);
 const JOBS_PER_TURN: usize = 64;
 
 impl Engine {
-    /// A request of an authenticated connection: checked, then queued for its turn (a
-    /// Stats request is answered at once).
+    /// A request of an authenticated connection: checked, then queued for its turn (Stats
+    /// and Goodbye are answered at once).
     pub(crate) fn on_request(
         &mut self,
         id: u64,
@@ -30,27 +30,42 @@ impl Engine {
         body: Body,
     ) -> Result<(), Close> {
         debug_assert!(h.kind.is_request(), "admitted by the connection");
-        let pages = match p::decode(&h, body.bytes()) {
-            Ok(Frame::Read(r)) => r.len(),
-            Ok(Frame::Write(w)) => w.len(),
-            Ok(_) => 0,
+        let (pages, goodbye) = match p::decode(&h, body.bytes()) {
+            Ok(Frame::Read(r)) => (r.len(), None),
+            Ok(Frame::Write(w)) => (w.len(), None),
+            Ok(Frame::Goodbye(g)) => (0, Some(g.free_at_close)),
+            Ok(_) => (0, None),
             Err(e) => {
                 self.release(id, body);
-                return Err(Close::BadInput(e.to_string()));
+                return Err(Close::BadInput("malformed frame", e.to_string()));
             }
         };
         let c = self.conns.get_mut(&id).expect("live connection");
+        if goodbye.is_some() && c.version < p::VERSION_GOODBYE {
+            let v = c.version;
+            self.release(id, body);
+            return Err(Close::BadInput(
+                "out-of-order frame",
+                format!(
+                    "Goodbye on a protocol version {v} connection (it needs version {})",
+                    p::VERSION_GOODBYE
+                ),
+            ));
+        }
         if !c.inflight.insert(h.id) {
             self.release(id, body);
-            return Err(Close::BadInput(format!(
-                "request id {} reused while in flight",
-                h.id
-            )));
+            return Err(Close::BadInput(
+                "reused request id",
+                format!("request id {} reused while in flight", h.id),
+            ));
         }
-        if h.kind == Kind::Stats {
+        if h.kind == Kind::Stats || goodbye.is_some() {
             c.inflight.remove(&h.id);
             self.release(id, body);
-            self.stats(id, h.id, tenant, session);
+            match goodbye {
+                Some(free) => self.answer_goodbye(id, h.id, session, free),
+                None => self.stats(id, h.id, tenant, session),
+            }
             return Ok(());
         }
         // What this request holds until served: its body (counted since it was read) and

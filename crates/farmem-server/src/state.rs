@@ -12,10 +12,13 @@ use farmem_sys::random::random_bytes;
 use mio::net::{TcpListener, UnixStream};
 use mio::{Interest, Poll, Token};
 
+use crate::admission::Admission;
 use crate::bucket::Bucket;
 use crate::conn::{Body, BufPool, Conn};
+use crate::events::EventLog;
 use crate::holdings::Holdings;
 use crate::metrics::{Metrics, TenantMetrics};
+use crate::slab::Slab;
 use crate::store::{SessionIdx, Store};
 use crate::wfq::Wfq;
 
@@ -25,8 +28,8 @@ pub(crate) const SIGNALS: Token = Token(1);
 /// The target of the engine's log lines: the one they had when the engine was a single
 /// module, so that `FARMEM_LOG` filters and the log's look stay as they were.
 pub(crate) const LOG_TARGET: &str = "farmem_server::engine";
-/// A connection must finish its handshake this soon after it is accepted.
-pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the periodic work runs (deadlines, expiry, gauges, log summaries).
+pub(crate) const TICK: Duration = Duration::from_millis(250);
 
 pub(crate) struct Config {
     pub capacity_pages: usize,
@@ -34,12 +37,20 @@ pub(crate) struct Config {
     pub default_quota_pages: u64,
     pub default_weight: u32,
     pub session_timeout: Duration,
+    /// Most authenticated connections.
     pub max_conns: usize,
+    /// Most connections in their handshake, in all and per source address.
+    pub max_unauth: usize,
+    pub max_unauth_per_addr: usize,
+    /// A connection must finish its handshake this soon after it is accepted.
+    pub handshake_timeout: Duration,
     /// Pages of requests and replies one connection may have in flight.
     pub window_pages: u32,
-    /// Bytes all connections together may hold before reading pauses (a tenant: a quarter).
+    /// Bytes the connections may hold, shared among the tenants connected (each may hold
+    /// its share, at least one connection's window; see `Engine::allowance`).
     pub global_limit: usize,
-    /// A connection that stops in the middle of a frame this long is closed.
+    /// A connection that stops in the middle of a frame, or stops taking its replies, this
+    /// long is closed.
     pub frame_timeout: Duration,
     /// Keep polling without sleeping this long after the last request.
     pub spin: Duration,
@@ -51,6 +62,10 @@ pub(crate) struct Tenant {
     pub name: String,
     pub quota_pages: u64,
     pub used_pages: u64,
+    /// Its sessions (kept or attached); with no pages either, the tenant is forgotten.
+    pub sessions: u32,
+    /// Its authenticated connections (tenants with some share the buffer limit).
+    pub conns: u32,
     pub metrics: Arc<TenantMetrics>,
 }
 
@@ -62,6 +77,8 @@ pub(crate) struct Session {
     pub pages: u64,
     /// Closed by its client: pages freed, only waiting for its connections to go.
     pub closed: bool,
+    /// Its client said Goodbye: free it as soon as its last connection goes.
+    pub free_at_close: bool,
 }
 
 /// A request waiting in the fair queue.
@@ -88,7 +105,13 @@ pub(crate) struct Engine {
     pub signals: UnixStream,
     pub conns: HashMap<u64, Conn>,
     pub next_conn: u64,
-    pub tenants: Vec<Tenant>,
+    /// Of `conns`, the authenticated ones (the others are in `admission`'s pool).
+    pub authed: usize,
+    pub admission: Admission,
+    pub events: EventLog,
+    pub tenants: Slab<Tenant>,
+    /// Tenants with authenticated connections (they share `global_limit`).
+    pub tenants_connected: usize,
     pub tenant_index: HashMap<String, usize>,
     pub sessions: HashMap<SessionIdx, Session>,
     pub session_index: HashMap<(usize, SessionId), SessionIdx>,
@@ -139,6 +162,7 @@ impl Engine {
             .register(&mut signals, SIGNALS, Interest::READABLE)?;
         let store = Store::new(cfg.capacity_pages)?;
         let bucket = cfg.max_pages_per_s.map(Bucket::new);
+        let admission = Admission::new(cfg.max_unauth, cfg.max_unauth_per_addr);
         Ok(Engine {
             cfg,
             poll,
@@ -146,7 +170,11 @@ impl Engine {
             signals,
             conns: HashMap::new(),
             next_conn: 2,
-            tenants: Vec::new(),
+            authed: 0,
+            admission,
+            events: EventLog::new(Instant::now()),
+            tenants: Slab::default(),
+            tenants_connected: 0,
             tenant_index: HashMap::new(),
             sessions: HashMap::new(),
             session_index: HashMap::new(),

@@ -41,16 +41,25 @@ impl<J> Default for Wfq<J> {
 }
 
 impl<J> Wfq<J> {
-    /// Add a flow; returns its index.
-    pub(crate) fn add_flow(&mut self, weight: u32) -> usize {
-        self.flows.push(Flow {
-            weight: weight.max(1) as f64,
-            queues: Default::default(),
-            start: 0.0,
-            finish: 0.0,
-            backlogged: false,
-        });
-        self.flows.len() - 1
+    /// Make flow `i` a new flow of this weight: a slot past the end, or one whose tenant
+    /// was forgotten (it has no jobs: a tenant is forgotten only without connections). It
+    /// starts at the current virtual time, like a flow back from idleness.
+    pub(crate) fn set_flow(&mut self, i: usize, weight: u32) {
+        while self.flows.len() <= i {
+            self.flows.push(Flow {
+                weight: 1.0,
+                queues: Default::default(),
+                start: 0.0,
+                finish: 0.0,
+                backlogged: false,
+            });
+        }
+        let f = &mut self.flows[i];
+        debug_assert!(f.queues.iter().all(|q| q.is_empty()), "flow {i} has jobs");
+        f.weight = weight.max(1) as f64;
+        f.start = 0.0;
+        f.finish = 0.0;
+        f.backlogged = false;
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -151,8 +160,8 @@ mod tests {
     /// the cost served per flow.
     fn served(weights: &[u32], cost: &[u64], rounds: usize) -> Vec<u64> {
         let mut q = Wfq::default();
-        for &w in weights {
-            q.add_flow(w);
+        for (i, &w) in weights.iter().enumerate() {
+            q.set_flow(i, w);
         }
         for (f, &c) in cost.iter().enumerate() {
             for _ in 0..4 {
@@ -201,7 +210,8 @@ mod tests {
     #[test]
     fn within_a_flow_demand_goes_first() {
         let mut q = Wfq::default();
-        let f = q.add_flow(1);
+        let f = 0;
+        q.set_flow(f, 1);
         q.push(f, 2, "write-back", 1);
         q.push(f, 1, "prefetch", 1);
         q.push(f, 0, "demand", 1);
@@ -214,7 +224,9 @@ mod tests {
     #[test]
     fn an_idle_flow_earns_no_credit() {
         let mut q = Wfq::default();
-        let (a, b) = (q.add_flow(1), q.add_flow(1));
+        let (a, b) = (0, 1);
+        q.set_flow(a, 1);
+        q.set_flow(b, 1);
         // A alone for a while.
         for _ in 0..100 {
             q.push(a, 0, 'a', 10);
@@ -229,13 +241,22 @@ mod tests {
         assert!(first.contains('a') && first.contains('b'), "{first}");
         q.take_all_where(|&j| j == 'a');
         assert!(std::iter::from_fn(|| q.pop()).all(|(f, _)| f == b));
+        // A's slot reused by a new flow of weight 3: it starts now, with no debt or credit.
+        q.set_flow(a, 3);
+        for _ in 0..30 {
+            q.push(a, 0, 'a', 10);
+            q.push(b, 0, 'b', 10);
+        }
+        let first: String = (0..8).map(|_| q.pop().unwrap().1).collect();
+        assert!((5..=7).contains(&first.matches('a').count()), "{first}");
     }
 
     #[test]
     fn jobs_taken_from_one_class_leave_the_others_in_order() {
         let mut q = Wfq::default();
-        let a = q.add_flow(1);
-        let b = q.add_flow(1);
+        let (a, b) = (0, 1);
+        q.set_flow(a, 1);
+        q.set_flow(b, 1);
         q.push(a, 0, 1, 1);
         q.push(a, 1, 2, 1);
         q.push(b, 1, 3, 1);

@@ -6,6 +6,7 @@
 //! through, forwards termination signals, and reads the statistics the library writes at
 //! exit.
 
+mod library;
 mod report;
 
 use std::ffi::OsString;
@@ -29,12 +30,10 @@ pub struct Args {
     #[command(flatten)]
     pub opts: Options,
     /// The program and its arguments.
-    #[arg(
-        required = true,
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "CMD"
-    )]
+    // No `allow_hyphen_values`: an unknown option before the program is reported as one
+    // (it used to become the program). Once the program's name is seen (or after `--`),
+    // `trailing_var_arg` takes everything that follows as its arguments, options included.
+    #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     pub cmd: Vec<OsString>,
 }
 
@@ -76,39 +75,37 @@ pub struct Options {
     lib: Option<PathBuf>,
 }
 
-/// Find libfarmem.so: next to this binary or in its deps/ (a cargo build), or in ../lib (an
-/// install).
-fn find_lib(explicit: Option<&Path>) -> Result<PathBuf> {
-    if let Some(p) = explicit {
-        if p.is_file() {
-            return Ok(p.canonicalize()?);
-        }
-        bail!("{}: no such library", p.display());
+/// Resolve --local-mem to bytes: no more than this machine's memory.
+fn budget(a: &Options, cmd: &[OsString]) -> Result<Option<u64>> {
+    let Some(b) = requested_budget(a, cmd)? else {
+        return Ok(None);
+    };
+    let physical = farmem_sys::mem::physical_memory();
+    if b > physical {
+        bail!(
+            "--local-mem {}: {} is more than this machine's memory ({}); far memory is for \
+             what does not fit locally",
+            a.local_mem.as_deref().unwrap_or_default(),
+            gib(b),
+            gib(physical)
+        );
     }
-    let exe = std::env::current_exe().context("locating the farmem binary")?;
-    let dir = exe.parent().unwrap_or(Path::new("."));
-    // A cargo build puts the library next to the binary; `cargo test` leaves it in deps/
-    // only (and may have rebuilt it there after an older `cargo build`): take the newest.
-    let newest = [dir.join("libfarmem.so"), dir.join("deps/libfarmem.so")]
-        .into_iter()
-        .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p)))
-        .max_by_key(|(t, _)| *t);
-    if let Some((_, p)) = newest {
-        return Ok(p.canonicalize()?);
-    }
-    let installed = dir.join("../lib/libfarmem.so");
-    if installed.is_file() {
-        return Ok(installed.canonicalize()?);
-    }
-    bail!(
-        "libfarmem.so not found next to {} (build it with `cargo build --release`, or pass \
-         --lib PATH / set FARMEM_LIB)",
-        exe.display()
-    )
+    Ok(Some(b))
 }
 
-/// Resolve --local-mem to bytes.
-fn budget(a: &Options, cmd: &[OsString]) -> Result<Option<u64>> {
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// --local-mem in bytes, as asked.
+fn requested_budget(a: &Options, cmd: &[OsString]) -> Result<Option<u64>> {
+    // Checked even where a size --local-mem makes it unused: a bad value is a mistake.
+    let peak = a
+        .peak
+        .as_deref()
+        .map(farmem_proto::size::parse_size)
+        .transpose()
+        .context("--peak")?;
     let Some(s) = a.local_mem.as_deref() else {
         return Ok(None);
     };
@@ -123,8 +120,8 @@ fn budget(a: &Options, cmd: &[OsString]) -> Result<Option<u64>> {
     if !(pct > 0.0 && pct <= 100.0) {
         bail!("--local-mem {s}: the percentage must be in (0, 100]");
     }
-    let peak = match (&a.peak, a.measure_peak) {
-        (Some(p), _) => farmem_proto::size::parse_size(p)?,
+    let peak = match (peak, a.measure_peak) {
+        (Some(p), _) => p,
         (None, true) => measure_peak(cmd)?,
         (None, false) => bail!(
             "--local-mem {s} is a share of the program's peak memory: give --peak SIZE, or \
@@ -183,7 +180,7 @@ pub struct Prepared {
 
 pub fn prepare(a: &Options, program: &[OsString], stats_dir: &Path) -> Result<Prepared> {
     let lib_env = std::env::var_os("FARMEM_LIB").map(PathBuf::from);
-    let lib = find_lib(a.lib.as_deref().or(lib_env.as_deref()))?;
+    let lib = library::find_lib(a.lib.as_deref().or(lib_env.as_deref()))?;
     check_userfaultfd()?;
     let local = budget(a, program)?;
     if let Some(b) = &a.backend {

@@ -70,12 +70,10 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 15)]
     top: usize,
     /// The program and its arguments.
-    #[arg(
-        required = true,
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "CMD"
-    )]
+    // No `allow_hyphen_values`: an unknown option before the program is reported as one
+    // (it used to become the program). Once the program's name is seen (or after `--`),
+    // `trailing_var_arg` takes everything that follows as its arguments, options included.
+    #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     cmd: Vec<OsString>,
 }
 

@@ -2,6 +2,8 @@
 //! process on an ephemeral loopback port, and a TCP proxy that can cut every connection.
 #![allow(dead_code)]
 
+pub mod raw;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -182,6 +184,15 @@ impl Server {
         self.metrics()
             .iter()
             .filter(|(k, _)| k == name)
+            .map(|(_, v)| *v)
+            .sum()
+    }
+
+    /// The sum of a metric over all its labels.
+    pub fn metric_all(&self, name: &str) -> f64 {
+        self.metrics()
+            .iter()
+            .filter(|(k, _)| k == name || k.starts_with(&format!("{name}{{")))
             .map(|(_, v)| *v)
             .sum()
     }
