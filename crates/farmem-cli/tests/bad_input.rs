@@ -4,12 +4,11 @@
 
 mod support;
 
-use std::io::Write;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use farmem_proto::auth::{Secret, Transcript};
+use farmem_proto::auth::Secret;
 use farmem_proto::{self as p, ErrorCode, Frame, Header, Kind};
 use farmem_runtime::backend::tcp::TcpBackend;
 use farmem_runtime::backend::{Backend, IoClass, PageBuf, PageKey};
@@ -106,13 +105,11 @@ fn bad_frames_close_only_their_connection_while_others_are_served() {
                 session_pages: 0,
             },
         );
-        r.send(&ok);
+        r.send_frame(&ok);
         expect_closed(r, "a reply sent by a client");
         // The same request id twice while the first is in flight.
         let mut r = Raw::authenticated(&addr, "rogue", SECRET);
-        let mut twice = read_req(5);
-        twice.extend(read_req(5));
-        r.send(&twice);
+        r.send_frames(&[&read_req(5), &read_req(5)]);
         expect_closed(r, "a reused request id");
         // A wrong proof.
         let mut r = Raw::connect(&addr);
@@ -120,18 +117,25 @@ fn bad_frames_close_only_their_connection_while_others_are_served() {
         p::encode_hello(
             &mut hello,
             &p::Hello {
-                min_version: 1,
-                max_version: 1,
+                min_version: p::VERSION_MIN,
+                max_version: p::VERSION_MAX,
                 session: [1; 16],
                 nonce: [2; 32],
                 resume: false,
                 tenant: "rogue",
+                share: Some([9; 32]),
             },
         );
         r.send(&hello);
         assert!(r.frame().is_some(), "challenge");
         let mut auth = Vec::new();
-        p::encode_auth(&mut auth, &p::Auth { proof: [0; 32] });
+        p::encode_auth(
+            &mut auth,
+            &p::Auth {
+                proof: [0; 32],
+                session_proof: None,
+            },
+        );
         r.send(&auth);
         let (h, body) = r.frame().expect("an error frame");
         assert!(
@@ -185,17 +189,17 @@ fn bad_frames_close_only_their_connection_while_others_are_served() {
         let mut w = Vec::new();
         p::encode_write_head(&mut w, 11, IoClass::WriteBack, &key, &page);
         w.extend(std::iter::repeat_n(0x5Bu8, PAGE_SIZE)); // not the checksummed contents
-        r.send(&w);
+        r.send_frame(&w);
         let (h, body) = r.frame().expect("a reply");
         assert!(
             matches!(p::decode(&h, &body), Ok(Frame::Error(e)) if e.code == ErrorCode::Checksum),
             "{:?}",
             p::decode(&h, &body)
         );
-        r.send(&read_req(12));
+        r.send_frame(&read_req(12));
         let mut rk = Vec::new();
         p::encode_read(&mut rk, 13, IoClass::Demand, &key);
-        r.send(&rk);
+        r.send_frame(&rk);
         let mut codes = Vec::new();
         for _ in 0..2 {
             let (h, body) = r.frame().expect("replies on the same connection");
@@ -248,7 +252,7 @@ fn a_client_stalled_mid_frame_is_disconnected_and_an_idle_one_is_not() {
     std::thread::sleep(Duration::from_millis(2500));
     let mut stats = Vec::new();
     p::encode_empty(&mut stats, Kind::Stats, 1);
-    idle.send(&stats);
+    idle.send_frame(&stats);
     let (h, _) = idle.frame().expect("the idle client is still served");
     assert_eq!(h.kind, Kind::StatsOk);
     wait_for("the stall in the log", || {
@@ -277,45 +281,21 @@ fn corrupting_server(secret: &'static str) -> String {
     addr
 }
 
-fn serve_corrupting(mut s: TcpStream, secret: &str) {
-    let mut r = Raw::wrap(s.try_clone().unwrap());
-    let Some((h, body)) = r.frame() else { return };
-    let Ok(Frame::Hello(hello)) = p::decode(&h, &body) else {
+fn serve_corrupting(s: TcpStream, secret: &str) {
+    let mut r = Raw::wrap(s);
+    let welcome = p::Welcome {
+        proof: [0; 32],
+        resumed: false,
+        session_pages: 0,
+        quota_pages: 1 << 20,
+        capacity_pages: 1 << 20,
+        max_batch: 256,
+        window_pages: 4096,
+    };
+    if r.accept(secret, welcome).is_none() {
         return;
-    };
-    let server_nonce = random_bytes::<32>();
+    }
     let mut out = Vec::new();
-    p::encode_challenge(
-        &mut out,
-        &p::Challenge {
-            version: 1,
-            nonce: server_nonce,
-            instance: 7,
-        },
-    );
-    let (tenant, session, client_nonce) = (hello.tenant.to_string(), hello.session, hello.nonce);
-    s.write_all(&out).unwrap();
-    let Some(_auth) = r.frame() else { return };
-    let t = Transcript {
-        tenant: &tenant,
-        session: &session,
-        client_nonce: &client_nonce,
-        server_nonce: &server_nonce,
-    };
-    out.clear();
-    p::encode_welcome(
-        &mut out,
-        &p::Welcome {
-            proof: t.server_proof(&Secret::from_text(secret).unwrap()),
-            resumed: false,
-            session_pages: 0,
-            quota_pages: 1 << 20,
-            capacity_pages: 1 << 20,
-            max_batch: 256,
-            window_pages: 4096,
-        },
-    );
-    s.write_all(&out).unwrap();
     while let Some((h, body)) = r.frame() {
         out.clear();
         match p::decode(&h, &body).unwrap() {
@@ -348,9 +328,7 @@ fn serve_corrupting(mut s: TcpStream, secret: &str) {
                 },
             ),
         }
-        if s.write_all(&out).is_err() {
-            return;
-        }
+        r.send_frame(&out);
     }
 }
 

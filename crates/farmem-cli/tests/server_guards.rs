@@ -80,11 +80,14 @@ fn a_client_that_stops_taking_replies_is_disconnected() {
     let (h, _) = r.call(&w, 1).expect("the write's reply");
     assert_eq!(h.kind, Kind::WriteOk);
     // 15 MiB of replies asked for, none taken: more than the sockets hold.
-    let mut reads = Vec::new();
-    for id in 2..62 {
-        p::encode_read(&mut reads, id, IoClass::Demand, &keys);
-    }
-    r.send(&reads);
+    let reads: Vec<Vec<u8>> = (2..62)
+        .map(|id| {
+            let mut read = Vec::new();
+            p::encode_read(&mut read, id, IoClass::Demand, &keys);
+            read
+        })
+        .collect();
+    r.send_frames(&reads.iter().map(|r| &r[..]).collect::<Vec<_>>());
     wait_for("the server to give up on the client", || {
         server.log().contains("took none of its replies")
     });
@@ -146,11 +149,14 @@ fn expired_prefetches_of_a_connection_that_died_do_not_take_the_server_down() {
     // Prefetch reads useful for about a second: five fill the window, the sixth waits.
     let mut victim = Raw::authenticated_v(&server.addr, "t", SECRET, p::VERSION_MAX);
     assert!(victim.version >= p::VERSION_USEFUL_FOR);
-    let mut out = Vec::new();
-    for id in 1..=6 {
-        p::encode_read_useful_for(&mut out, id, IoClass::Prefetch, &keys, u16::MAX);
-    }
-    victim.send(&out);
+    let reads: Vec<Vec<u8>> = (1..=6)
+        .map(|id| {
+            let mut out = Vec::new();
+            p::encode_read_useful_for(&mut out, id, IoClass::Prefetch, &keys, u16::MAX);
+            out
+        })
+        .collect();
+    victim.send_frames(&reads.iter().map(|r| &r[..]).collect::<Vec<_>>());
     std::thread::sleep(Duration::from_millis(300));
     reset(victim.s);
     // Past the deadline (65535 x 16 us), the server answers them: it must survive that.

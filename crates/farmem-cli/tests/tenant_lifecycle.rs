@@ -8,10 +8,10 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use farmem_proto::{self as p, Frame, IoClass, Kind, PageKey, PAGE_SIZE};
+use farmem_proto::{self as p, ErrorCode, Frame, IoClass, Kind, PageKey, PAGE_SIZE};
 use farmem_runtime::backend::tcp::TcpBackend;
 use farmem_runtime::backend::{Backend, PageBuf};
-use support::raw::Raw;
+use support::raw::{connect_from, Raw};
 use support::*;
 
 const SECRET: &str = "lifecycle-secret";
@@ -94,7 +94,7 @@ fn goodbye_frees_a_session_when_its_last_connection_closes() {
     drop(kept);
     // With Goodbye: freed when the connection closes.
     let mut leaving = Raw::authenticated_v(&addr, "leaver", SECRET, p::VERSION_MAX);
-    assert_eq!(leaving.version, 3);
+    assert_eq!(leaving.version, p::VERSION_MAX);
     write_pages(&mut leaving, 1, 8);
     assert_eq!(stored(&server, "leaver"), 8.0);
     assert_eq!(goodbye(&mut leaving, 2, true), Kind::GoodbyeOk);
@@ -114,7 +114,7 @@ fn goodbye_frees_a_session_when_its_last_connection_closes() {
 }
 
 #[test]
-fn goodbye_waits_for_the_last_connection_and_needs_version_3() {
+fn goodbye_waits_for_the_last_connection() {
     let server = Server::start(&format!("{SECRET}\n"), &["--metrics", "127.0.0.1:0"]);
     let addr = server.addr.clone();
     // Two connections of one session (a second one resumes it).
@@ -123,6 +123,7 @@ fn goodbye_waits_for_the_last_connection_and_needs_version_3() {
     let session = a.session;
     let mut b = Raw::connect(&addr);
     b.session = session;
+    b.session_key = a.session_key.clone();
     let v = b.handshake_resume("pair", SECRET, p::VERSION_MAX);
     assert!(
         matches!(v, Ok(Frame::Welcome(w)) if w.resumed && w.session_pages == 4),
@@ -136,24 +137,62 @@ fn goodbye_waits_for_the_last_connection_and_needs_version_3() {
     wait_for("the pair's pages to be freed", || {
         stored(&server, "pair") == 0.0
     });
-    // Before version 3 there is no Goodbye: the connection is closed as bad input.
-    let mut old = Raw::authenticated_v(&addr, "old", SECRET, 2);
-    assert_eq!(old.version, 2);
-    write_pages(&mut old, 1, 2);
-    let mut g = Vec::new();
-    p::encode_goodbye(
-        &mut g,
-        2,
-        &p::Goodbye {
-            free_at_close: true,
-        },
+}
+
+/// A session is joined with its key, not its id: a client that knows the shared secret and
+/// a session id seen (or guessed) cannot join another program's session and read its pages.
+#[test]
+fn a_stolen_session_id_does_not_open_the_session() {
+    let server = Server::start(&format!("{SECRET}\n"), &["--metrics", "127.0.0.1:0"]);
+    let addr = server.addr.clone();
+    let mut owner = Raw::authenticated(&addr, "victim", SECRET);
+    write_pages(&mut owner, 1, 3);
+    let other = Raw::authenticated(&addr, "victim", SECRET);
+    let mut thief_address = 0u8;
+    for (what, key) in [
+        ("no key", None),
+        ("another session's key", other.session_key.clone()),
+    ] {
+        for resume in [false, true] {
+            // Each attempt from its own address, so that none is in the failures' back-off.
+            thief_address += 1;
+            let from = std::net::Ipv4Addr::new(127, 0, 9, thief_address);
+            let mut t = Raw::wrap(connect_from(from, &addr).unwrap());
+            t.session = owner.session;
+            t.session_key = key.clone();
+            let v = if resume {
+                t.handshake_resume("victim", SECRET, p::VERSION_MAX)
+            } else {
+                t.handshake("victim", SECRET, p::VERSION_MAX)
+            };
+            assert!(
+                matches!(&v, Ok(Frame::Error(e)) if e.code == ErrorCode::AuthFailed),
+                "{what}, resume {resume}: {v:?}"
+            );
+        }
+    }
+    // The owner's own second connection gets in, and the pages are there.
+    let mut second = Raw::connect(&addr);
+    second.session = owner.session;
+    second.session_key = owner.session_key.clone();
+    let v = second.handshake_resume("victim", SECRET, p::VERSION_MAX);
+    assert!(
+        matches!(v, Ok(Frame::Welcome(w)) if w.resumed && w.session_pages == 3),
+        "{v:?}"
     );
-    old.send(&g);
+    assert_eq!(stored(&server, "victim"), 3.0);
+}
+
+/// Clients from before the secure channel (versions 1 to 3) are refused with the reason.
+#[test]
+fn clients_without_the_secure_channel_are_refused() {
+    let server = Server::start(&format!("{SECRET}\n"), &[]);
+    let mut old = Raw::connect(&server.addr);
+    let v = old.handshake("old", SECRET, 3);
+    assert!(
+        matches!(&v, Ok(Frame::Error(e)) if e.code == ErrorCode::Version
+            && e.message.contains("no common protocol version")),
+        "{v:?}"
+    );
     assert!(old.closed_by_server());
-    assert!(server.metric("farmem_server_bad_input_total") >= 1.0);
-    wait_for("the reason in the log", || {
-        server.log().contains("Goodbye on a protocol version 2")
-    });
-    // Its pages are kept as for any lost connection.
-    assert_eq!(stored(&server, "old"), 2.0);
 }

@@ -5,9 +5,13 @@ use crate::keys::PAGE_SIZE;
 
 /// First bytes of a `Hello`.
 pub const MAGIC: [u8; 4] = *b"FMEM";
-/// Protocol versions this build speaks.
-pub const VERSION_MIN: u16 = 1;
-pub const VERSION_MAX: u16 = 3;
+/// Protocol versions this build speaks: 4 only, the first with the secure channel (key
+/// shares in the handshake, every later frame sealed). Older versions sent pages and
+/// session ids in clear with a checksum anyone could recompute; they are refused.
+pub const VERSION_MIN: u16 = 4;
+pub const VERSION_MAX: u16 = 4;
+/// First version with the secure channel.
+pub const VERSION_SECURE: u16 = 4;
 /// First version whose prefetch reads may carry `useful_for`.
 pub const VERSION_USEFUL_FOR: u16 = 2;
 /// First version with `Goodbye` (and its reply `GoodbyeOk`).

@@ -18,6 +18,7 @@ use crate::config::{Config, PolicyKind};
 use crate::error::{Error, Result};
 use crate::page::table;
 use crate::regions::{RegionInfo, Regions};
+use crate::scope::RuntimeScope;
 use crate::state::State;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::workingset::WorkingSet;
@@ -36,6 +37,8 @@ fn refuse_in_child() -> Result<()> {
 
 /// The runtime installed by [`Runtime::install_global`].
 static INSTALLED: OnceLock<Runtime> = OnceLock::new();
+/// The runtime [`Runtime::global`] started from the environment (or why it could not).
+static GLOBAL: OnceLock<std::result::Result<Runtime, String>> = OnceLock::new();
 
 /// What the last handle of a runtime owns: its state and its threads.
 struct Owner {
@@ -101,6 +104,7 @@ impl Runtime {
             .map_or_else(|| backend.longest_wait(), Duration::from_secs_f64);
         let st = Arc::new(State {
             io_timeout,
+            pid: std::process::id(),
             budget: cfg.budget_pages(),
             free_target: cfg.free_target_pages(),
             backend,
@@ -174,23 +178,39 @@ impl Runtime {
         if let Some(rt) = INSTALLED.get() {
             return Ok(rt);
         }
-        static GLOBAL: OnceLock<std::result::Result<Runtime, String>> = OnceLock::new();
         let r = GLOBAL.get_or_init(|| {
             let rt = Config::from_env()
                 .and_then(Runtime::new)
                 .map_err(|e| e.to_string())?;
-            if rt.config().stats_at_exit {
-                extern "C" fn print_stats() {
-                    if let Ok(rt) = Runtime::global() {
-                        eprintln!("{}", rt.report());
+            // At exit: the statistics if asked, and far memory may free this program's
+            // pages once its connections close (after every later destructor has run).
+            extern "C" fn at_exit() {
+                // No panic may unwind into libc.
+                let _ = std::panic::catch_unwind(|| {
+                    if let Some(rt) = Runtime::global_if_started() {
+                        if rt.config().stats_at_exit {
+                            eprintln!("{}", rt.report());
+                        }
+                        rt.release_at_exit(true);
                     }
-                }
-                // SAFETY: registering a plain extern "C" function with no arguments.
-                unsafe { libc::atexit(print_stats) };
+                });
             }
+            // SAFETY: registering a plain extern "C" function with no arguments.
+            unsafe { libc::atexit(at_exit) };
             Ok(rt)
         });
         r.as_ref().map_err(|m| Error::Config(m.clone()))
+    }
+
+    /// The process-wide runtime if one was started (installed or made by [`Runtime::global`]),
+    /// without starting one.
+    pub fn global_if_started() -> Option<&'static Runtime> {
+        if registry::in_child() {
+            return None;
+        }
+        INSTALLED
+            .get()
+            .or_else(|| GLOBAL.get().and_then(|r| r.as_ref().ok()))
     }
 
     /// Make `rt` the process-wide runtime that [`Runtime::global`] returns (the transparent
@@ -208,13 +228,31 @@ impl Runtime {
         &self.owner.st.cfg
     }
 
+    /// The program is about to end (exit, `_exit`, or exec another image): ask far memory
+    /// to free its pages as soon as its connections close, instead of keeping them for
+    /// `--session-timeout` in case it comes back. Everything keeps working until then.
+    /// `false` takes it back (an exec that failed). Does nothing in a child forked from the
+    /// program, whose connections are its parent's.
+    pub fn release_at_exit(&self, release: bool) {
+        if registry::in_child() || std::process::id() != self.owner.st.pid {
+            return;
+        }
+        // On a program thread that may fault on far memory: what the wait allocates (its
+        // first park's thread-local record) must stay local, or it faults holding the lock
+        // its answer needs.
+        let _scope = RuntimeScope::enter();
+        self.owner.st.backend.release_at_exit(release);
+    }
+
     /// Statistics so far.
     pub fn stats(&self) -> StatsSnapshot {
+        let _scope = RuntimeScope::enter();
         self.owner.st.snapshot()
     }
 
     /// Statistics and the backend's own counters as text for people.
     pub fn report(&self) -> String {
+        let _scope = RuntimeScope::enter();
         self.owner.st.report()
     }
 
@@ -251,6 +289,7 @@ impl Runtime {
     }
 
     fn create_region_impl(&self, size: usize, at: Option<usize>) -> Result<Region> {
+        let _scope = RuntimeScope::enter();
         refuse_in_child()?;
         let st = self.state();
         if size == 0 {
@@ -291,6 +330,7 @@ impl Runtime {
     }
 
     fn destroy_region(&self, info: &RegionInfo) {
+        let _scope = RuntimeScope::enter();
         registry::remove(info.base);
         self.state().regions.remove(info.base);
         region::unmap(self.state(), info);

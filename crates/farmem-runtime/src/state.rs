@@ -68,6 +68,8 @@ pub(crate) struct State {
     pub workingset: WorkingSet,
     /// Longest wait for one backend answer ([`Config::io_timeout_s`], or the backend's own).
     pub io_timeout: Duration,
+    /// The process that started the runtime (a forked or vforked child is another).
+    pub pid: u32,
 }
 
 impl State {

@@ -4,16 +4,20 @@
 //! Small frames are cut out of a 64 KiB read buffer (1 KiB until the connection
 //! authenticates: handshake frames are small, and unauthenticated connections are many and
 //! cheap to open); a large one (a batched write) is read straight into a pooled buffer of its
-//! size. Replies are written with `writev` as soon as they are ready, pages taken directly
-//! from the store; only what the socket does not accept right away is copied into the output
-//! queue.
+//! size. Replies are written with `writev` as soon as they are ready; only what the socket
+//! does not accept right away is copied into the output queue.
+//!
+//! After the Welcome every frame is sealed (`farmem_proto::channel`): a body read is opened
+//! in place before anything looks at it, and a reply's body (its pages copied from the
+//! store) is sealed before it is sent.
 
 use std::collections::{HashSet, VecDeque};
 use std::io::{self, IoSlice, Read, Write};
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use farmem_proto::{Header, Kind, Nonce, ProtoError, SessionId, HEADER_LEN};
+use farmem_proto::channel::{ChannelError, ChannelKeys, EphemeralKey, Opener, Sealer, TAG_LEN};
+use farmem_proto::{Header, KeyShare, Kind, Nonce, ProtoError, SessionId, HEADER_LEN};
 use mio::net::TcpStream;
 
 use crate::source::Source;
@@ -86,6 +90,9 @@ pub(crate) enum State {
         resume: bool,
         client_nonce: Nonce,
         server_nonce: Nonce,
+        client_share: KeyShare,
+        /// This side of the key exchange, used once the proof is checked.
+        key: Box<EphemeralKey>,
     },
     /// Authenticated: requests flow.
     Ready { tenant: usize, session: SessionIdx },
@@ -113,7 +120,14 @@ pub(crate) struct Conn {
     rbuf: Box<[u8]>,
     rstart: usize,
     rend: usize,
-    big: Option<(Header, Body, usize)>,
+    /// A large frame being read: its header as received, the header, its body (with its tag
+    /// once sealed) and the bytes of it read so far.
+    big: Option<([u8; HEADER_LEN], Header, Body, usize)>,
+    /// The channel's halves once the handshake is over (frames before are in clear).
+    sealer: Option<Sealer>,
+    opener: Option<Opener>,
+    /// A reply's body being sealed (reused).
+    seal_buf: Vec<u8>,
     out: VecDeque<Vec<u8>>,
     out_off: usize,
     pub(crate) out_bytes: usize,
@@ -145,6 +159,9 @@ impl Conn {
             rstart: 0,
             rend: 0,
             big: None,
+            sealer: None,
+            opener: None,
+            seal_buf: Vec::new(),
             out: VecDeque::new(),
             out_off: 0,
             out_bytes: 0,
@@ -166,6 +183,36 @@ impl Conn {
             self.rstart = 0;
             self.rbuf = b;
         }
+    }
+
+    /// Seal every frame from now on (sent after the Welcome, which goes in clear).
+    pub(crate) fn secure(&mut self, keys: ChannelKeys) {
+        self.sealer = Some(keys.sealer);
+        self.opener = Some(keys.opener);
+    }
+
+    /// Bytes after a frame's body on the wire: its tag, once the channel is sealed.
+    fn trailer(&self) -> usize {
+        if self.opener.is_some() {
+            TAG_LEN
+        } else {
+            0
+        }
+    }
+
+    /// Turn a frame read in full (body and tag) into its body: opened in place if sealed.
+    fn opened(
+        &mut self,
+        raw: &[u8; HEADER_LEN],
+        h: Header,
+        mut body: Body,
+    ) -> Result<Next, ConnError> {
+        if let Some(o) = self.opener.as_mut() {
+            o.open(raw, &mut body.buf[..body.len])
+                .map_err(ConnError::Channel)?;
+            body.len = h.len as usize;
+        }
+        Ok(Next::Frame(h, body))
     }
 
     /// The tenant, once authenticated.
@@ -217,18 +264,18 @@ impl Conn {
         allowance: usize,
     ) -> Result<Next, ConnError> {
         loop {
-            if let Some((h, mut body, filled)) = self.big.take() {
+            if let Some((raw, h, mut body, filled)) = self.big.take() {
                 if filled == body.len {
-                    return Ok(Next::Frame(h, body));
+                    return self.opened(&raw, h, body);
                 }
                 match self.sock.read(&mut body.buf[filled..body.len]) {
                     Ok(0) => return Ok(Next::Eof),
                     Ok(n) => {
                         self.last_read = Instant::now();
-                        self.big = Some((h, body, filled + n));
+                        self.big = Some((raw, h, body, filled + n));
                     }
                     Err(e) => {
-                        self.big = Some((h, body, filled));
+                        self.big = Some((raw, h, body, filled));
                         match e.kind() {
                             io::ErrorKind::WouldBlock => return Ok(Next::Drained),
                             io::ErrorKind::Interrupted => {}
@@ -240,32 +287,34 @@ impl Conn {
             }
             let avail = self.rend - self.rstart;
             if avail >= HEADER_LEN {
-                let hb: &[u8; HEADER_LEN] = self.rbuf[self.rstart..self.rstart + HEADER_LEN]
+                let raw: [u8; HEADER_LEN] = self.rbuf[self.rstart..self.rstart + HEADER_LEN]
                     .try_into()
                     .expect("header length");
-                let h = Header::decode(hb).map_err(ConnError::Proto)?;
+                let h = Header::decode(&raw).map_err(ConnError::Proto)?;
                 self.admissible(&h)?;
-                let total = h.frame_len();
+                // On the wire: the body, then its tag once sealed.
+                let wire = h.len as usize + self.trailer();
+                let total = HEADER_LEN + wire;
                 let body_at = self.rstart + HEADER_LEN;
-                if h.len as usize > allowance {
+                if wire > allowance {
                     return Ok(Next::Blocked);
                 }
                 if avail >= total {
                     self.allocated += h.len as usize;
-                    let mut body = pool.get(h.len as usize);
-                    body.buf[..body.len].copy_from_slice(&self.rbuf[body_at..body_at + body.len]);
+                    let mut body = pool.get(wire);
+                    body.buf[..wire].copy_from_slice(&self.rbuf[body_at..body_at + wire]);
                     self.rstart += total;
-                    return Ok(Next::Frame(h, body));
+                    return self.opened(&raw, h, body);
                 }
                 if total > self.rbuf.len() / 2 {
                     // A large frame: take what arrived, read the rest straight into its body.
                     self.allocated += h.len as usize;
-                    let mut body = pool.get(h.len as usize);
+                    let mut body = pool.get(wire);
                     let have = avail - HEADER_LEN;
                     body.buf[..have].copy_from_slice(&self.rbuf[body_at..self.rend]);
                     self.rstart = 0;
                     self.rend = 0;
-                    self.big = Some((h, body, have));
+                    self.big = Some((raw, h, body, have));
                     continue;
                 }
             }
@@ -287,9 +336,32 @@ impl Conn {
         }
     }
 
+    /// Send one frame made of `parts` (its header first): sealed once the channel is up,
+    /// then as [`Conn::send_raw`] does. Returns the bytes queued.
+    pub(crate) fn send(&mut self, parts: &[&[u8]]) -> io::Result<usize> {
+        let Some(sealer) = self.sealer.as_mut() else {
+            return self.send_raw(parts);
+        };
+        let mut header = [0u8; HEADER_LEN];
+        let mut body = std::mem::take(&mut self.seal_buf);
+        body.clear();
+        let mut need = HEADER_LEN;
+        for p in parts {
+            let h = need.min(p.len());
+            header[HEADER_LEN - need..HEADER_LEN - need + h].copy_from_slice(&p[..h]);
+            need -= h;
+            body.extend_from_slice(&p[h..]);
+        }
+        assert_eq!(need, 0, "a frame starts with its header");
+        let tag = sealer.seal(&header, &mut body).map_err(io::Error::other)?;
+        let r = self.send_raw(&[&header, &body, &tag]);
+        self.seal_buf = body;
+        r
+    }
+
     /// Send `parts` as one message: straight to the socket if nothing is queued before it,
     /// the rest copied into the output queue. Returns the bytes queued.
-    pub(crate) fn send(&mut self, parts: &[&[u8]]) -> io::Result<usize> {
+    fn send_raw(&mut self, parts: &[&[u8]]) -> io::Result<usize> {
         let total: usize = parts.iter().map(|p| p.len()).sum();
         let mut sent = 0;
         if self.out.is_empty() {
@@ -366,6 +438,8 @@ pub(crate) enum ConnError {
     Io(io::Error),
     Proto(ProtoError),
     OutOfOrder(String),
+    /// A sealed frame failed to open: altered or forged on the way.
+    Channel(ChannelError),
 }
 
 #[cfg(test)]

@@ -4,11 +4,18 @@
 //! with an error and closes the connection; a wrong proof also counts a strike against the
 //! client's address (`backoff`), and a proof from an address in its back-off is refused
 //! without being examined.
+//!
+//! The Hello and the Challenge carry the two sides' key shares; once the proof is checked,
+//! both derive the secure channel's keys (`farmem_proto::channel`) and every frame after the
+//! Welcome is sealed. A connection that names an existing session must prove the session's
+//! key, which only the connection that created it derived: its id alone, seen on the wire or
+//! guessed, is not enough.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use farmem_proto::auth::{Secret, Transcript};
+use farmem_proto::channel::{self, EphemeralKey, Role};
 use farmem_proto::{self as p, ErrorCode, Frame, Header, IoClass};
 use farmem_sys::random::random_bytes;
 
@@ -40,7 +47,13 @@ impl Engine {
             self.send_error(id, 0, IoClass::Demand, ErrorCode::Version, &msg);
             return Err(Close::Declined(msg));
         }
+        let Some(client_share) = hello.share else {
+            let msg = "no key share in the hello: a secure channel is required".to_string();
+            self.send_error(id, 0, IoClass::Demand, ErrorCode::Version, &msg);
+            return Err(Close::Declined(msg));
+        };
         let server_nonce = random_bytes::<32>();
+        let key = EphemeralKey::from_random(random_bytes::<32>());
         let mut out = Vec::new();
         p::encode_challenge(
             &mut out,
@@ -48,6 +61,7 @@ impl Engine {
                 version,
                 nonce: server_nonce,
                 instance: self.instance,
+                share: Some(key.share()),
             },
         );
         let c = self.conns.get_mut(&id).expect("live connection");
@@ -58,6 +72,8 @@ impl Engine {
             resume: hello.resume,
             client_nonce: hello.nonce,
             server_nonce,
+            client_share,
+            key: Box::new(key),
         };
         self.send(id, &[&out]);
         Ok(())
@@ -67,20 +83,23 @@ impl Engine {
         let Frame::Auth(auth) = Self::decode(h, body)? else {
             unreachable!("only an Auth is admitted after the Hello")
         };
-        let c = self.conns.get(&id).expect("live connection");
+        let c = self.conns.get_mut(&id).expect("live connection");
+        // Taken out: the exchange's key is used once, and the state is Ready or the
+        // connection closed when this returns.
         let State::Auth {
             tenant,
             session,
             resume,
             client_nonce,
             server_nonce,
-        } = &c.state
+            client_share,
+            key,
+        } = std::mem::replace(&mut c.state, State::Hello)
         else {
             unreachable!("in the Auth state")
         };
-        let (tenant, session, resume) = (tenant.clone(), *session, *resume);
-        let (client_nonce, server_nonce) = (*client_nonce, *server_nonce);
         let (peer, source) = (c.peer, c.source);
+        let server_share = key.share();
         let now = Instant::now();
         if let Some(left) = self.admission.backoff.refusing(source, now) {
             self.metrics.refused(Refusal::AuthBackoff);
@@ -99,6 +118,8 @@ impl Engine {
             session: &session,
             client_nonce: &client_nonce,
             server_nonce: &server_nonce,
+            client_share: &client_share,
+            server_share: &server_share,
         };
         // An unknown tenant is checked against a random secret, so that the reply and its
         // timing do not tell which tenant names exist.
@@ -140,6 +161,17 @@ impl Engine {
             self.send_error(id, 0, IoClass::Demand, ErrorCode::TooBusy, &msg);
             return Err(Close::Refused(Refusal::MaxConns, msg));
         }
+        let keys = match channel::derive(Role::Server, *key, &client_share, &secret, &transcript) {
+            Ok(k) => k,
+            Err(e) => {
+                let msg = format!("key exchange: {e}");
+                self.send_error(id, 0, IoClass::Demand, ErrorCode::AuthFailed, &msg);
+                return Err(Close::AuthFailed {
+                    examined: true,
+                    detail: format!("tenant '{tenant}' from {peer}: {msg}"),
+                });
+            }
+        };
         let t = match self.tenant_for(&tenant) {
             Ok(t) => t,
             Err((code, msg)) => {
@@ -147,7 +179,24 @@ impl Engine {
                 return Err(Close::Declined(msg));
             }
         };
-        let (sidx, resumed, pages) = match self.attach(t, session, resume) {
+        // Joining an existing session takes its key, not just its id.
+        if let Some(owner_key) = self.session_key(t, &session) {
+            let proven = auth
+                .session_proof
+                .is_some_and(|p| transcript.verify_session(owner_key, &p));
+            if !proven {
+                self.forget_if_unused(t);
+                self.metrics.auth_failures.fetch_add(1, Ordering::Relaxed);
+                self.admission.backoff.failed(source, now);
+                let msg = "this connection does not hold the session's key";
+                self.send_error(id, 0, IoClass::Demand, ErrorCode::AuthFailed, msg);
+                return Err(Close::AuthFailed {
+                    examined: true,
+                    detail: format!("tenant '{tenant}' from {peer}: {msg}"),
+                });
+            }
+        }
+        let (sidx, resumed, pages) = match self.attach(t, session, resume, &keys.new_session_key) {
             Ok(x) => x,
             Err((code, msg)) => {
                 // A tenant made for this connection alone is forgotten again.
@@ -189,6 +238,10 @@ impl Engine {
             if resumed { "resumed" } else { "new" }
         );
         self.send(id, &[&out]);
+        // The Welcome went in clear; everything after it is sealed.
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.secure(keys);
+        }
         Ok(())
     }
 }

@@ -71,6 +71,9 @@ impl Engine {
                 Err(ConnError::OutOfOrder(e)) => {
                     return self.close(id, Close::BadInput("out-of-order frame", e))
                 }
+                Err(ConnError::Channel(e)) => {
+                    return self.close(id, Close::BadInput("forged frame", e.to_string()))
+                }
             }
         }
     }

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use farmem_proto::auth::SessionKey;
 use farmem_proto::tokens::TokenFile;
 use farmem_proto::{IoClass, Kind, SessionId, PAGE_SIZE};
 use farmem_sys::random::random_bytes;
@@ -79,6 +80,8 @@ pub(crate) struct Session {
     pub closed: bool,
     /// Its client said Goodbye: free it as soon as its last connection goes.
     pub free_at_close: bool,
+    /// Derived by the connection that created it: every other connection proves it.
+    pub key: SessionKey,
 }
 
 /// A request waiting in the fair queue.

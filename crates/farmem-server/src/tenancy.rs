@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+use farmem_proto::auth::SessionKey;
 use farmem_proto::{ErrorCode, SessionId, PAGE_SIZE};
 
 use crate::metrics::TenantMetrics;
@@ -112,11 +113,20 @@ impl Engine {
     }
 
     /// Attach a connection to its session: `(index, existed, pages)`.
+    /// The key of the session `id` of `tenant`, if it exists.
+    pub(crate) fn session_key(&self, tenant: usize, id: &SessionId) -> Option<&SessionKey> {
+        let s = self.session_index.get(&(tenant, *id))?;
+        self.sessions.get(s).map(|s| &s.key)
+    }
+
+    /// Attach a connection to its session (its key proven by the caller if it exists), or
+    /// create it with `new_key` unless `resume` says it must exist.
     pub(crate) fn attach(
         &mut self,
         tenant: usize,
         id: SessionId,
         resume: bool,
+        new_key: &SessionKey,
     ) -> Result<(SessionIdx, bool, u64), (ErrorCode, String)> {
         if let Some(&s) = self.session_index.get(&(tenant, id)) {
             let sess = self.sessions.get_mut(&s).expect("indexed session");
@@ -152,6 +162,7 @@ impl Engine {
                 pages: 0,
                 closed: false,
                 free_at_close: false,
+                key: new_key.clone(),
             },
         );
         self.session_index.insert((tenant, id), s);

@@ -203,6 +203,15 @@ pub trait Backend: Send + Sync {
     /// for an answer means something is stuck.
     fn longest_wait(&self) -> Duration;
 
+    /// The program is about to end (exit, or exec another image): `release` asks the far
+    /// tier to free this program's pages as soon as its connections close, instead of
+    /// keeping them for it to come back; `false` takes that back (an exec that failed).
+    /// The connections stay usable meanwhile: whatever the program still touches before
+    /// it is gone is served. Nothing to do for in-process backends.
+    fn release_at_exit(&self, release: bool) {
+        let _ = release;
+    }
+
     /// Backend-specific counters for the statistics (reconnections, resent requests...).
     fn counters(&self) -> Vec<(&'static str, u64)> {
         Vec::new()

@@ -13,6 +13,7 @@
 //! back to glibc. Without `FARMEM_PRELOAD` (a program linked with the C API only) nothing is
 //! redirected.
 
+mod exits;
 mod malloc;
 mod mi;
 mod mmap;

@@ -53,4 +53,6 @@ extern "C" fn at_exit() {
             eprintln!("{}", rt.report());
         }
     });
+    // Far memory may free this program's pages once it is gone (`exits.rs`).
+    super::exits::release(true);
 }

@@ -286,6 +286,16 @@ impl Backend for TcpBackend {
         self.sh.spec.longest_wait()
     }
 
+    fn release_at_exit(&self, release: bool) {
+        if self.sh.dead_msg().is_some() {
+            return;
+        }
+        // Bounded and brief: it runs while the program exits (or is about to exec).
+        if let Err(e) = self.control(Op::Goodbye(release), Duration::from_secs(2)) {
+            tracing::debug!("goodbye to the server: {e}");
+        }
+    }
+
     fn stored_bytes(&self) -> u64 {
         self.sh.session_pages.load(Ordering::Relaxed) * PAGE_SIZE as u64
     }

@@ -46,6 +46,8 @@ pub(crate) enum Op<'a> {
     Free(FreeReq),
     Stats,
     Close,
+    /// Free the session's pages when its last connection closes (or, `false`, not).
+    Goodbye(bool),
 }
 
 /// Who is told when the reply comes.
@@ -249,6 +251,9 @@ impl Conn {
             Op::Free(f) => p::encode_free(&mut head, id, &f),
             Op::Stats => p::encode_empty(&mut head, Kind::Stats, id),
             Op::Close => p::encode_empty(&mut head, Kind::Close, id),
+            Op::Goodbye(free_at_close) => {
+                p::encode_goodbye(&mut head, id, &p::Goodbye { free_at_close })
+            }
         }
         let head: Arc<[u8]> = head.into();
         add(&self.sh.counters.requests, 1);
@@ -540,6 +545,7 @@ impl Conn {
                 o.set(Ok(Reply::Freed(f)));
             }
             (Frame::StatsOk(st), Done::Reply(o)) => o.set(Ok(Reply::Stats(st))),
+            (Frame::GoodbyeOk, Done::Reply(o)) => o.set(Ok(Reply::Goodbye)),
             (Frame::Error(e), done) => done.fail(self.sh.error_from(e.code, e.message)),
             (f, done) => {
                 done.fail(BackendError::Failed("mismatched reply".into()));

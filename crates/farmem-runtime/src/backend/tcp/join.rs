@@ -102,6 +102,8 @@ impl Join {
 pub(crate) enum Reply {
     Freed(FreeOk),
     Stats(StatsOk),
+    /// The server noted the session's fate at its last connection's close.
+    Goodbye,
 }
 
 #[derive(Default)]

@@ -1,0 +1,138 @@
+//! The program's end, as far memory sees it: at exit, `_exit` or an exec, the far tier may
+//! free this program's pages as soon as its connections close, instead of keeping them for
+//! `--session-timeout` in case the program comes back (a program that ended normally never
+//! does, and its pages would keep others out of a small server meanwhile).
+//!
+//! Nothing is freed before the program is really gone: the connections close only when the
+//! process dies (or the exec replaces it), after every destructor that might still touch far
+//! memory. An exec that fails takes the request back. A child made by `fork` or `vfork`
+//! shares its parent's connections and asks nothing (`Runtime::release_at_exit`).
+//!
+//! `exit` runs the handler registered at start (`report.rs` calls [`release`]); `_exit`,
+//! `_Exit` and the `exec` family are wrapped here. glibc's internal calls to them (the end of
+//! `exit` itself, `posix_spawn`'s child) do not come through these wrappers, which is right:
+//! `exit` already asked, and a spawned child must not speak for its parent.
+
+use std::ffi::{c_char, c_int};
+use std::sync::atomic::AtomicUsize;
+
+use farmem_runtime::Runtime;
+
+/// Ask far memory to free this program's pages once its connections close (or not).
+pub(super) fn release(release: bool) {
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(rt) = Runtime::global_if_started() {
+            rt.release_at_exit(release);
+        }
+    });
+}
+
+type ExitFn = unsafe extern "C" fn(c_int) -> !;
+type ExecveFn =
+    unsafe extern "C" fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;
+type ExecvFn = unsafe extern "C" fn(*const c_char, *const *const c_char) -> c_int;
+
+static REAL_EXIT: AtomicUsize = AtomicUsize::new(0);
+static REAL_EXIT2: AtomicUsize = AtomicUsize::new(0);
+static REAL_EXECVE: AtomicUsize = AtomicUsize::new(0);
+static REAL_EXECVPE: AtomicUsize = AtomicUsize::new(0);
+static REAL_EXECV: AtomicUsize = AtomicUsize::new(0);
+static REAL_EXECVP: AtomicUsize = AtomicUsize::new(0);
+
+/// End the process the way `_exit` does when glibc's cannot be found.
+fn exit_group(status: c_int) -> ! {
+    // SAFETY: exit_group ends the process; it does not return.
+    unsafe { libc::syscall(libc::SYS_exit_group, status) };
+    unreachable!("exit_group returned")
+}
+
+/// # Safety
+/// As C `_exit`.
+#[no_mangle]
+pub unsafe extern "C" fn _exit(status: c_int) -> ! {
+    release(true);
+    let f = super::next_symbol(&REAL_EXIT, c"_exit");
+    if f == 0 {
+        exit_group(status);
+    }
+    // SAFETY: `f` is glibc's `_exit`, which has exactly this signature.
+    unsafe { std::mem::transmute::<usize, ExitFn>(f)(status) }
+}
+
+/// # Safety
+/// As C `_Exit`.
+#[no_mangle]
+pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
+    release(true);
+    let f = super::next_symbol(&REAL_EXIT2, c"_Exit");
+    if f == 0 {
+        exit_group(status);
+    }
+    // SAFETY: `f` is glibc's `_Exit`, which has exactly this signature.
+    unsafe { std::mem::transmute::<usize, ExitFn>(f)(status) }
+}
+
+/// Run an exec through glibc's `name` (looked up once into `slot`), with the release asked
+/// for before and taken back if it fails.
+fn exec(slot: &AtomicUsize, name: &std::ffi::CStr, call: impl FnOnce(usize) -> c_int) -> c_int {
+    let f = super::next_symbol(slot, name);
+    if f == 0 {
+        super::set_errno(libc::ENOSYS);
+        return -1;
+    }
+    release(true);
+    let rc = call(f);
+    // Only a failed exec returns: the program goes on, its pages must stay.
+    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    release(false);
+    super::set_errno(errno);
+    rc
+}
+
+/// # Safety
+/// As C `execve`.
+#[no_mangle]
+pub unsafe extern "C" fn execve(
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    // SAFETY: glibc's `execve` with the caller's arguments.
+    exec(&REAL_EXECVE, c"execve", |f| unsafe {
+        std::mem::transmute::<usize, ExecveFn>(f)(path, argv, envp)
+    })
+}
+
+/// # Safety
+/// As C `execvpe`.
+#[no_mangle]
+pub unsafe extern "C" fn execvpe(
+    file: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    // SAFETY: glibc's `execvpe` with the caller's arguments.
+    exec(&REAL_EXECVPE, c"execvpe", |f| unsafe {
+        std::mem::transmute::<usize, ExecveFn>(f)(file, argv, envp)
+    })
+}
+
+/// # Safety
+/// As C `execv`.
+#[no_mangle]
+pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
+    // SAFETY: glibc's `execv` with the caller's arguments.
+    exec(&REAL_EXECV, c"execv", |f| unsafe {
+        std::mem::transmute::<usize, ExecvFn>(f)(path, argv)
+    })
+}
+
+/// # Safety
+/// As C `execvp`.
+#[no_mangle]
+pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
+    // SAFETY: glibc's `execvp` with the caller's arguments.
+    exec(&REAL_EXECVP, c"execvp", |f| unsafe {
+        std::mem::transmute::<usize, ExecvFn>(f)(file, argv)
+    })
+}
