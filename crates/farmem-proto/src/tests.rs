@@ -347,7 +347,7 @@ fn a_prefetch_read_carries_its_deadline_and_nothing_else_may() {
 
 #[test]
 fn goodbye_is_a_version_3_request_with_one_flag_byte() {
-    assert!(VERSION_MAX >= VERSION_GOODBYE);
+    const { assert!(VERSION_MAX >= VERSION_GOODBYE) };
     assert_eq!(VERSION_GOODBYE, 3);
     assert_eq!((Kind::Goodbye as u8, Kind::GoodbyeOk as u8), (21, 36));
     assert!(Kind::Goodbye.is_request() && Kind::GoodbyeOk.is_response());

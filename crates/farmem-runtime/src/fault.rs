@@ -123,13 +123,17 @@ impl FaultServer {
 
     /// Retry parked faults once each; tell the watchdog of one parked too long.
     fn retry_pending(&mut self, st: &State) {
+        if self.pending.is_empty() {
+            return;
+        }
         let bound = watchdog::bound(st).map(|b| b.as_nanos() as u64);
+        let now = st.now_ns();
         for _ in 0..self.pending.len() {
             let mut f = self.pending.pop_front().expect("pending fault");
             if self.serve(st, f) {
                 continue;
             }
-            if let Some(b) = bound.filter(|&b| !f.reported && st.now_ns() - f.since > b) {
+            if let Some(b) = bound.filter(|&b| !f.reported && now.saturating_sub(f.since) > b) {
                 f.reported = true;
                 watchdog::report(
                     st,

@@ -567,10 +567,16 @@ impl Conn {
         len: usize,
         scratch: &'s mut Vec<u8>,
     ) -> Result<&'s mut [u8], RecvError> {
-        scratch.resize(len + TAG_LEN, 0);
-        self.read_full(s, scratch)?;
+        // Grown once and never shrunk: a resize down and up again would zero a megabyte of
+        // pages for every reply after a small one.
+        let wire = len + TAG_LEN;
+        if scratch.len() < wire {
+            scratch.resize(wire, 0);
+        }
+        let buf = &mut scratch[..wire];
+        self.read_full(s, buf)?;
         opener
-            .open(header, scratch)
+            .open(header, buf)
             .map_err(|e| RecvError::Protocol(e.to_string()))
     }
 
