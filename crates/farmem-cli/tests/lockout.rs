@@ -56,11 +56,6 @@ fn workload(server: &Server, round: u8) -> Duration {
     t.elapsed()
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
 #[test]
 fn idle_unauthenticated_connections_neither_lock_out_nor_slow_a_client() {
     assert!(
@@ -96,22 +91,12 @@ fn idle_unauthenticated_connections_neither_lock_out_nor_slow_a_client() {
         (200.0..=256.0).contains(&pool),
         "the handshake pool is full and bounded: {pool} unauthenticated connections"
     );
-    let (mut q, mut a) = (Vec::new(), Vec::new());
-    for r in 0..15 {
-        // Either one first, by turns: neither always runs right after the other.
-        if r % 2 == 0 {
-            q.push(workload(&quiet, r));
-            a.push(workload(&attacked, r));
-        } else {
-            a.push(workload(&attacked, r));
-            q.push(workload(&quiet, r));
-        }
-    }
-    let (mq, ma) = (median(q.clone()), median(a.clone()));
-    let ratio = ma.as_secs_f64() / mq.as_secs_f64();
+    let runs = Alternated::run(&quiet, &attacked, 15, workload);
+    let ((mq, ma), ratio) = (runs.medians(), runs.ratio());
     eprintln!(
         "workload median {mq:?} without idle connections, {ma:?} with {IDLE} (ratio \
-         {ratio:.2}); runs {q:?} / {a:?}"
+         {ratio:.2}); runs {:?} / {:?}",
+        runs.a, runs.b
     );
     assert!(ratio <= 1.2, "slowed down {ratio:.2}x by idle connections");
     let refused = attacked.metric_all("farmem_server_refused_connections_total");

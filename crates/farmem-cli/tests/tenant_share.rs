@@ -70,11 +70,6 @@ fn workload(server: &Server, round: u8) -> Duration {
     t.elapsed()
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
 #[test]
 fn stalled_frames_of_other_tenants_do_not_slow_a_tenant() {
     raise_fd_limit();
@@ -109,22 +104,14 @@ fn stalled_frames_of_other_tenants_do_not_slow_a_tenant() {
         held < wanted,
         "each hog is held to its share: {held} bytes held"
     );
-    let (mut q, mut a) = (Vec::new(), Vec::new());
-    for r in 0..7 {
-        if r % 2 == 0 {
-            q.push(workload(&quiet, r));
-            a.push(workload(&hogged, r));
-        } else {
-            a.push(workload(&hogged, r));
-            q.push(workload(&quiet, r));
-        }
-    }
-    let (mq, ma) = (median(q.clone()), median(a.clone()));
-    let ratio = ma.as_secs_f64() / mq.as_secs_f64();
+    let runs = Alternated::run(&quiet, &hogged, 7, workload);
+    let ((mq, ma), ratio) = (runs.medians(), runs.ratio());
     eprintln!(
         "workload median {mq:?} alone, {ma:?} beside {} stalled frames of {HOGS} tenants \
-         (ratio {ratio:.2}); runs {q:?} / {a:?}",
-        stalled.len()
+         (ratio {ratio:.2}); runs {:?} / {:?}",
+        stalled.len(),
+        runs.a,
+        runs.b
     );
     assert!(
         ratio <= 2.0,

@@ -311,3 +311,41 @@ impl Drop for Proxy {
         self.cut();
     }
 }
+
+/// Run `work` on two servers by turns (`rounds` times each; neither always runs right after
+/// the other) and compare: the median time on `a`, on `b`, and their ratio `b / a`, all
+/// from the same run. The runs themselves are printed by the callers.
+pub struct Alternated {
+    pub a: Vec<Duration>,
+    pub b: Vec<Duration>,
+}
+
+impl Alternated {
+    pub fn run(a: &Server, b: &Server, rounds: u8, work: impl Fn(&Server, u8) -> Duration) -> Self {
+        let (mut ra, mut rb) = (Vec::new(), Vec::new());
+        for r in 0..rounds {
+            if r % 2 == 0 {
+                ra.push(work(a, r));
+                rb.push(work(b, r));
+            } else {
+                rb.push(work(b, r));
+                ra.push(work(a, r));
+            }
+        }
+        Alternated { a: ra, b: rb }
+    }
+
+    pub fn medians(&self) -> (Duration, Duration) {
+        let median = |v: &[Duration]| {
+            let mut v = v.to_vec();
+            v.sort();
+            v[v.len() / 2]
+        };
+        (median(&self.a), median(&self.b))
+    }
+
+    pub fn ratio(&self) -> f64 {
+        let (ma, mb) = self.medians();
+        mb.as_secs_f64() / ma.as_secs_f64()
+    }
+}

@@ -34,10 +34,6 @@ type ExecvFn = unsafe extern "C" fn(*const c_char, *const *const c_char) -> c_in
 
 static REAL_EXIT: AtomicUsize = AtomicUsize::new(0);
 static REAL_EXIT2: AtomicUsize = AtomicUsize::new(0);
-static REAL_EXECVE: AtomicUsize = AtomicUsize::new(0);
-static REAL_EXECVPE: AtomicUsize = AtomicUsize::new(0);
-static REAL_EXECV: AtomicUsize = AtomicUsize::new(0);
-static REAL_EXECVP: AtomicUsize = AtomicUsize::new(0);
 
 /// End the process the way `_exit` does when glibc's cannot be found.
 fn exit_group(status: c_int) -> ! {
@@ -89,50 +85,26 @@ fn exec(slot: &AtomicUsize, name: &std::ffi::CStr, call: impl FnOnce(usize) -> c
     rc
 }
 
-/// # Safety
-/// As C `execve`.
-#[no_mangle]
-pub unsafe extern "C" fn execve(
-    path: *const c_char,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> c_int {
-    // SAFETY: glibc's `execve` with the caller's arguments.
-    exec(&REAL_EXECVE, c"execve", |f| unsafe {
-        std::mem::transmute::<usize, ExecveFn>(f)(path, argv, envp)
-    })
+/// A wrapper of an `exec` function of glibc with this signature: the release asked for
+/// before, taken back if the exec fails.
+macro_rules! exec_wrapper {
+    ($name:ident, $slot:ident, $ty:ty, ($($arg:ident: $t:ty),*)) => {
+        static $slot: AtomicUsize = AtomicUsize::new(0);
+
+        #[doc = concat!("# Safety\nAs C `", stringify!($name), "`.")]
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $t),*) -> c_int {
+            let name = concat!(stringify!($name), "\0");
+            let name = std::ffi::CStr::from_bytes_with_nul(name.as_bytes()).expect("a C name");
+            // SAFETY: glibc's function of this name, with the caller's arguments.
+            exec(&$slot, name, |f| unsafe {
+                std::mem::transmute::<usize, $ty>(f)($($arg),*)
+            })
+        }
+    };
 }
 
-/// # Safety
-/// As C `execvpe`.
-#[no_mangle]
-pub unsafe extern "C" fn execvpe(
-    file: *const c_char,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> c_int {
-    // SAFETY: glibc's `execvpe` with the caller's arguments.
-    exec(&REAL_EXECVPE, c"execvpe", |f| unsafe {
-        std::mem::transmute::<usize, ExecveFn>(f)(file, argv, envp)
-    })
-}
-
-/// # Safety
-/// As C `execv`.
-#[no_mangle]
-pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
-    // SAFETY: glibc's `execv` with the caller's arguments.
-    exec(&REAL_EXECV, c"execv", |f| unsafe {
-        std::mem::transmute::<usize, ExecvFn>(f)(path, argv)
-    })
-}
-
-/// # Safety
-/// As C `execvp`.
-#[no_mangle]
-pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
-    // SAFETY: glibc's `execvp` with the caller's arguments.
-    exec(&REAL_EXECVP, c"execvp", |f| unsafe {
-        std::mem::transmute::<usize, ExecvFn>(f)(file, argv)
-    })
-}
+exec_wrapper!(execve, REAL_EXECVE, ExecveFn, (path: *const c_char, argv: *const *const c_char, envp: *const *const c_char));
+exec_wrapper!(execvpe, REAL_EXECVPE, ExecveFn, (file: *const c_char, argv: *const *const c_char, envp: *const *const c_char));
+exec_wrapper!(execv, REAL_EXECV, ExecvFn, (path: *const c_char, argv: *const *const c_char));
+exec_wrapper!(execvp, REAL_EXECVP, ExecvFn, (file: *const c_char, argv: *const *const c_char));
