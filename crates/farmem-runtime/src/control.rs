@@ -5,7 +5,8 @@
 //! been busy too long (Eden's fault stealing: a large fetch or a direct reclaim must not
 //! hold up every other fault), and reclaims ahead of demand: it keeps `free_target` pages of
 //! budget free by evicting batches (Fastswap's offloaded reclaim), so that fetches rarely
-//! have to reclaim for themselves. It sleeps on a condition variable when there is nothing
+//! have to reclaim for themselves. It does so only once the program has needed more than its
+//! budget: a program that fits keeps every page. It sleeps on a condition variable when there is nothing
 //! to do; fetches that take budget below the free target kick it awake.
 //!
 //! It may wait on: the policy lock, page locks held by evictions (its own), the backend (a
@@ -37,7 +38,7 @@ pub(crate) fn run(st: Arc<State>) {
             std::thread::sleep(Duration::from_millis(1));
             continue;
         }
-        if st.free_pages() < st.free_target {
+        if st.wants_free_pages() {
             let goal = (st.free_target + st.cfg.evict_batch).min(st.budget);
             while st.free_pages() < goal && !st.shutdown.load(Ordering::Acquire) {
                 if reclaim::evict_batch(&st, st.cfg.evict_batch) == 0 {
@@ -49,7 +50,7 @@ pub(crate) fn run(st: Arc<State>) {
         }
         let mut g = st.control_lock.lock();
         st.control_sleeping.store(true, Ordering::SeqCst);
-        if st.free_pages() >= st.free_target && !st.shutdown.load(Ordering::Acquire) {
+        if !st.wants_free_pages() && !st.shutdown.load(Ordering::Acquire) {
             st.control_cv.wait_for(&mut g, tick);
         }
         st.control_sleeping.store(false, Ordering::SeqCst);

@@ -1,6 +1,7 @@
 //! Reclaim: keep the resident set within the budget.
 //!
-//! The control thread keeps at least `free_target` pages of budget free by evicting batches
+//! Once the program has needed more than its budget, the control thread keeps at least
+//! `free_target` pages of budget free by evicting batches
 //! chosen by the policy. A batch: lock the victims, write-protect the dirty ones (so a
 //! concurrent write faults and waits instead of being lost), copy them out and write them to
 //! the backend, and only after the backend acknowledges, unmap the whole batch with one
@@ -44,6 +45,7 @@ pub(crate) fn reserve(st: &State, n: usize) {
             }
             continue;
         }
+        st.over_budget_once.store(true, Ordering::Relaxed);
         st.kick_control();
         if evict_batch(st, st.cfg.evict_batch.max(n)) > 0 {
             add(&st.stats.c.direct_reclaims, 1);
@@ -100,7 +102,7 @@ pub(crate) fn try_reserve(st: &State, n: usize) -> usize {
 
 fn after_reserve(st: &State, now: usize) {
     st.stats.note_resident(now as u64);
-    if st.budget - now < st.free_target {
+    if st.budget - now < st.free_target && st.over_budget_once.load(Ordering::Relaxed) {
         st.kick_control();
     }
 }

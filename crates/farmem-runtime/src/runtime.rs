@@ -133,6 +133,7 @@ impl Runtime {
             far_full_backoff: AtomicU64::new(0),
             inflight: Default::default(),
             reclaim_paused: AtomicBool::new(false),
+            over_budget_once: AtomicBool::new(false),
             evict_gate: Default::default(),
         });
         let mut threads = Vec::new();
