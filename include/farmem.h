@@ -47,6 +47,7 @@ struct fm_stats {
     uint64_t hint_calls, hint_hits, hint_misses;
     uint64_t unhinted_faults, wp_faults, stolen_faults, spurious_faults;
     uint64_t zero_fills, pages_fetched, readahead_pages, pages_installed, install_ioctls;
+    uint64_t unverified_installs, verified_unchanged, verified_zero;
     uint64_t pages_evicted, pages_written_back, clean_drops, unmap_syscalls;
     uint64_t direct_reclaims, backend_full, over_budget_pages;
     uint64_t prefetch_batches, prefetch_pages, prefetch_late, prefetch_swept;

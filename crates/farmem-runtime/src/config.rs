@@ -58,6 +58,10 @@ pub struct Config {
     /// Read-ahead windows kept in flight ahead of a sequential hint (`FM_SEQ` with forward
     /// read-ahead), fetched asynchronously (`FARMEM_HINT_PIPELINE`, default 2; 0: off).
     pub hint_pipeline: usize,
+    /// Install pages likely to be written (written during their last stay, and zero fills)
+    /// writable, deciding at eviction whether they changed, instead of write-protected with
+    /// a fault on their first write (`FARMEM_WRITABLE_INSTALL`, default on; `0`: off).
+    pub writable_install: bool,
     /// Threads reading the userfaultfd (`FARMEM_FAULT_THREADS`, default 1).
     pub fault_threads: usize,
     /// Busy-poll the userfaultfd this long after each event before sleeping in `poll`
@@ -102,6 +106,7 @@ impl Default for Config {
             fault_readahead: 256,
             max_readahead: 256,
             hint_pipeline: 2,
+            writable_install: true,
             fault_threads: 1,
             fault_spin_us: 50,
             steal_after_us: 500,
@@ -150,6 +155,9 @@ impl Config {
         }
         if let Some(v) = env_num("FARMEM_PREFETCH_DEADLINE_US")? {
             c.prefetch_deadline_us = v;
+        }
+        if let Some(v) = env("FARMEM_WRITABLE_INSTALL") {
+            c.writable_install = flag(&v);
         }
         if let Some(v) = env_num("FARMEM_FAULT_THREADS")? {
             c.fault_threads = v;

@@ -17,8 +17,8 @@ use farmem_sys::mem::PAGE_SIZE;
 
 use crate::backend::error::BackendError;
 use crate::backend::io::PageBuf;
-use crate::page::table;
 use crate::page::word::PageWord;
+use crate::page::{digest, table};
 use crate::state::State;
 use crate::stats::add;
 use crate::workingset::PageTableUse;
@@ -197,18 +197,30 @@ pub(crate) fn evict_batch(st: &State, max: usize) -> usize {
     }
 
     // Write back the dirty ones, after write-protecting them so their contents are stable.
-    let dirty: Vec<&Victim> = victims.iter().filter(|v| v.old.is_dirty()).collect();
+    // Unverified ones (writable without write tracking) are looked at first, once stable:
+    // equal to their far copy, or all zeros, they need no write-back.
     let mut kept_local: Vec<usize> = Vec::new();
-    if !dirty.is_empty() {
+    let maybe_dirty: Vec<usize> = victims
+        .iter()
+        .filter(|v| v.old.is_dirty())
+        .map(|v| v.vpn)
+        .collect();
+    if !maybe_dirty.is_empty() {
         let mut wp_failed = false;
-        for (start, len) in ranges_of(dirty.iter().map(|v| v.vpn)) {
+        for (start, len) in ranges_of(maybe_dirty.iter().copied()) {
             if let Err(e) = st.uffd.writeprotect(start, len, true) {
                 tracing::error!("write-protecting pages for eviction failed: {e}");
                 wp_failed = true;
             }
         }
+        if !wp_failed {
+            verify(st, &mut victims);
+        }
+        let dirty: Vec<&Victim> = victims.iter().filter(|v| v.old.is_dirty()).collect();
         let result = if wp_failed {
             Err(BackendError::Failed("write-protect failed".into()))
+        } else if dirty.is_empty() {
+            Ok(())
         } else {
             write_back(st, &dirty)
         };
@@ -314,8 +326,31 @@ fn leave_foreign(st: &State, victims: &mut Vec<Victim>) {
     })
 }
 
+/// Decide whether each unverified victim (locked, present, write-protected by now: its
+/// contents cannot change) differs from its far copy: if not, it becomes clean; if it holds
+/// only zeros, it becomes fresh (no far copy needed).
+fn verify(st: &State, victims: &mut [Victim]) {
+    let (mut unchanged, mut zero) = (0u64, 0u64);
+    for v in victims.iter_mut().filter(|v| v.old.is_unverified()) {
+        // SAFETY: the page is locked by us, present and write-protected: it stays mapped and
+        // unchanged until we unmap it, so reading 4 KiB from it is sound.
+        let page =
+            unsafe { std::slice::from_raw_parts((v.vpn * PAGE_SIZE) as *const u8, PAGE_SIZE) };
+        if v.old.has_far_copy() && digest::of(page) == digest::stored(v.vpn) {
+            v.old = v.old.found_unchanged();
+            unchanged += 1;
+        } else if digest::is_zero(page) {
+            v.old = v.old.found_zero();
+            zero += 1;
+        }
+    }
+    add(&st.stats.c.verified_unchanged, unchanged);
+    add(&st.stats.c.verified_zero, zero);
+}
+
 /// Copy the (write-protected) dirty victims out and write them to the backend; returns once
-/// the backend has acknowledged.
+/// the backend has acknowledged. Each page's digest is kept for its next eviction (see
+/// `page/digest.rs`) when pages may be installed unverified.
 fn write_back(st: &State, dirty: &[&Victim]) -> Result<(), BackendError> {
     let mut buf = PageBuf::new(dirty.len());
     buf.set_len(dirty.len());
@@ -334,8 +369,16 @@ fn write_back(st: &State, dirty: &[&Victim]) -> Result<(), BackendError> {
         let src = unsafe { std::slice::from_raw_parts(addr as *const u8, PAGE_SIZE) };
         buf.page_mut(i).copy_from_slice(src);
     }
+    let digests: Vec<u128> = if st.cfg.writable_install {
+        (0..dirty.len()).map(|i| digest::of(buf.page(i))).collect()
+    } else {
+        Vec::new()
+    };
     st.backend
         .submit_write(IoClass::WriteBack, keys, buf)
-        .wait(st.io_timeout)
-        .map(|_| ())
+        .wait(st.io_timeout)?;
+    for (v, d) in dirty.iter().zip(digests) {
+        digest::store(v.vpn, d);
+    }
+    Ok(())
 }

@@ -90,10 +90,11 @@ impl UseBits for PageTableUse {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::page::word::Access;
 
     fn evicted_at(stamp: u64) -> PageWord {
         PageWord::FRESH
-            .installed(true, 0, Hotness::Used)
+            .installed(Access::Written, 0, Hotness::Used)
             .evicting()
             .evicted(stamp)
     }
@@ -116,7 +117,7 @@ mod tests {
             "no shadow: never evicted (or discarded)"
         );
         let clean = PageWord::FRESH
-            .installed(false, 0, Hotness::Used)
+            .installed(Access::Protected, 0, Hotness::Used)
             .evicting()
             .evicted(5000);
         assert!(
@@ -132,7 +133,7 @@ mod tests {
         for expect in [1, 2, 3, 3] {
             let h = hotness(w, true);
             assert_eq!(h, Hotness::WorkingSet(expect));
-            let local = w.installed(false, 0, h);
+            let local = w.installed(Access::Protected, 0, h);
             assert!(!local.is_idle(), "a working-set page starts used");
             assert_eq!((local.level(), local.credit()), (expect, expect));
             w = local.evicting().evicted(7);
@@ -143,7 +144,7 @@ mod tests {
             Hotness::Probation,
             "an old refault starts over"
         );
-        let restarted = w.installed(false, 0, hotness(w, false));
+        let restarted = w.installed(Access::Protected, 0, hotness(w, false));
         assert_eq!(restarted.level(), 0);
     }
 

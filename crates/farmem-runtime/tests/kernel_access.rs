@@ -56,9 +56,15 @@ impl Fixture {
     }
 
     /// As `prepare_evicted`, then read the pages back so they are resident but clean and
-    /// write-protected: the kernel's write must take a write-protect fault.
+    /// write-protected: the kernel's write must take a write-protect fault. (Pages written
+    /// during their last stay come back writable and unverified; one round trip unwritten,
+    /// found unchanged at eviction, makes them come back write-protected.)
     fn prepare_write_protected(&mut self, off: usize, len: usize) {
         self.prepare_evicted(off, len);
+        for p in pages_of(off, len) {
+            farmem_runtime::hint(at(&self.r, p * PAGE_SIZE));
+        }
+        self.pressure.evict(&self.r, pages_of(off, len));
         let fetched = self.rt.stats().pages_fetched;
         for p in pages_of(off, len) {
             farmem_runtime::hint(at(&self.r, p * PAGE_SIZE));

@@ -133,6 +133,7 @@ pub(crate) fn register(first_vpn: usize, npages: usize) -> io::Result<()> {
     init()?;
     let (s, len) = table_span(first_vpn, npages);
     mem::mprotect(s as *mut u8, len, libc::PROT_READ | libc::PROT_WRITE)?;
+    super::digest::register(first_vpn, npages)?;
     for vpn in first_vpn..first_vpn + npages {
         slot(vpn).store(PageWord::FRESH);
     }
@@ -145,6 +146,7 @@ pub(crate) fn unregister(first_vpn: usize, npages: usize) {
     for vpn in first_vpn..first_vpn + npages {
         slot(vpn).store(PageWord::UNREGISTERED);
     }
+    super::digest::unregister(first_vpn, npages);
     let start = base() as usize + first_vpn * 8;
     let end = start + npages * 8;
     let inner_s = (start + PAGE_SIZE - 1) & !(PAGE_SIZE - 1);

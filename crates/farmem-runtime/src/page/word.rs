@@ -1,12 +1,13 @@
 //! The page word: everything the runtime knows about one page, in 64 bits.
 //!
 //! ```text
-//!  63 62 61 60 59                            32 31              16 15 13 12 10 9 8 7 6 5 4 3 2 1 0
-//! ┌─────┬─────┬────────────────────────────────┬──────────────────┬─────┬─────┬─┬─┬─┬─┬─┬─┬─┬─┬─┬─┐
-//! │CREDT│LEVEL│ SHADOW (eviction clock, 28 b)  │ OWNER (lock id)  │  -  │PRIO │W│R│E│I│V│L│D│G│N│A│
-//! └─────┴─────┴────────────────────────────────┴──────────────────┴─────┴─────┴─┴─┴─┴─┴─┴─┴─┴─┴─┴─┘
+//!  63 62 61 60 59                            32 31              16 15 14 13 12 10 9 8 7 6 5 4 3 2 1 0
+//! ┌─────┬─────┬────────────────────────────────┬──────────────────┬─┬─┬─┬─────┬─┬─┬─┬─┬─┬─┬─┬─┬─┬─┐
+//! │CREDT│LEVEL│ SHADOW (eviction clock, 28 b)  │ OWNER (lock id)  │-│L│U│PRIO │W│R│E│I│V│L│D│G│N│A│
+//! └─────┴─────┴────────────────────────────────┴──────────────────┴─┴─┴─┴─────┴─┴─┴─┴─┴─┴─┴─┴─┴─┴─┘
 //!  A ABSENT  N NOWRITE  G REGISTERED  D DIRTY  L LOCKED  V EVICTING  I IDLE
 //!  E EVER_WRITTEN  R REMOTE  W WAITERS
+//!  U UNVERIFIED (writable, changes decided at eviction)  L WROTE_LAST (bit 14)
 //! ```
 //!
 //! The flag sense is chosen for the inline hint (`include/farmem.h`, [`crate::hint`]):
@@ -52,6 +53,14 @@ const EVER_WRITTEN: u64 = 1 << 7;
 const REMOTE: u64 = 1 << 8;
 /// Some thread sleeps on the futex of this word waiting for `LOCKED` to clear.
 const WAITERS: u64 = 1 << 9;
+/// Installed writable without write tracking: the local copy may or may not differ from the
+/// far copy (`DIRTY` is set with it, so every path that does not look closer writes it
+/// back). Eviction compares its contents with the far copy's digest (`digest.rs`) and drops
+/// it unwritten when they are equal, or when a page with no far copy is all zeros.
+const UNVERIFIED: u64 = 1 << 13;
+/// Written during its last stay in local memory (kept while far): its next fetch installs
+/// it writable and unverified, so its first write costs no fault.
+const WROTE_LAST: u64 = 1 << 14;
 /// Eviction priority given by the last hint (`ev_prio`), 0..=7.
 const PRIO_SHIFT: u32 = 10;
 const PRIO_MASK: u64 = 0x7 << PRIO_SHIFT;
@@ -72,6 +81,24 @@ const CREDIT_SHIFT: u32 = 62;
 const CREDIT_MASK: u64 = 0x3 << CREDIT_SHIFT;
 /// Highest working-set level (and credit).
 pub(crate) const MAX_LEVEL: u8 = 3;
+
+/// How a fetch installs a page, as far as writes are concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// Write-protected: its first write is a fault that marks it dirty.
+    Protected,
+    /// Writable and dirty: it is being written (a write fault or a write hint).
+    Written,
+    /// Writable and unverified: no fault on write; eviction decides whether it changed.
+    Unverified,
+}
+
+impl Access {
+    /// Whether the page is mapped writable.
+    pub(crate) fn writable(self) -> bool {
+        self != Access::Protected
+    }
+}
 
 /// How a page starts out when a fetch installs it, as far as recency policies care.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -133,6 +160,10 @@ impl PageWord {
         ever_written => EVER_WRITTEN,
         /// Not used since the policy's hand last passed it.
         is_idle => IDLE,
+        /// Writable without write tracking: whether it changed is decided at eviction.
+        is_unverified => UNVERIFIED,
+        /// Written during its last stay in local memory.
+        wrote_last => WROTE_LAST,
     }
 
     #[inline]
@@ -215,19 +246,19 @@ impl PageWord {
 
     // ---- Transitions of the lock holder. ----
 
-    /// absent → present: the fetch installed it, `writable` (then dirty: the backend copy,
-    /// if any, is about to be outdated) or write-protected (the first write is noticed),
-    /// with the hint's eviction priority and the recency it starts with. The shadow is
-    /// consumed; the level is the one `hotness` gives.
+    /// absent → present: the fetch installed it as `access` says (written: dirty, the
+    /// backend copy if any is about to be outdated; protected: the first write is noticed;
+    /// unverified: writable, maybe dirty), with the hint's eviction priority and the recency
+    /// it starts with. The shadow is consumed; the level is the one `hotness` gives.
     #[inline]
-    pub(crate) fn installed(self, writable: bool, prio: u8, hotness: Hotness) -> PageWord {
+    pub(crate) fn installed(self, access: Access, prio: u8, hotness: Hotness) -> PageWord {
         let keep = self.0
-            & !(ABSENT | NOWRITE | DIRTY | IDLE | PRIO_MASK)
+            & !(ABSENT | NOWRITE | DIRTY | UNVERIFIED | IDLE | PRIO_MASK)
             & !(SHADOW_MASK | LEVEL_MASK | CREDIT_MASK);
-        let mut new = if writable {
-            keep | DIRTY | EVER_WRITTEN
-        } else {
-            keep | NOWRITE
+        let mut new = match access {
+            Access::Written => keep | DIRTY | EVER_WRITTEN,
+            Access::Protected => keep | NOWRITE,
+            Access::Unverified => keep | DIRTY | UNVERIFIED,
         };
         new |= match hotness {
             Hotness::Used => 0,
@@ -265,18 +296,31 @@ impl PageWord {
         PageWord((self.0 | NOWRITE) & !EVICTING)
     }
 
+    /// evicting, unverified → evicting and clean: its contents equal its far copy's.
+    #[inline]
+    pub(crate) fn found_unchanged(self) -> PageWord {
+        PageWord(self.0 & !(DIRTY | UNVERIFIED | WROTE_LAST))
+    }
+
+    /// evicting, unverified → evicting and fresh: it holds only zeros, which is what a
+    /// page with no contents reads as; no far copy is needed (any old one is forgotten).
+    #[inline]
+    pub(crate) fn found_zero(self) -> PageWord {
+        PageWord(self.0 & !(DIRTY | UNVERIFIED | WROTE_LAST | REMOTE | EVER_WRITTEN))
+    }
+
     /// evicting → absent: its local copy is gone. A dirty page was written back (so the
-    /// backend now holds it); a clean one already had its copy there, or was never written.
-    /// It keeps `stamp` (the eviction clock) as its shadow and its working-set level; its
-    /// recency, priority and credit are reset.
+    /// backend now holds it, and its next fetch expects writes); a clean one already had its
+    /// copy there, or was never written. It keeps `stamp` (the eviction clock) as its shadow
+    /// and its working-set level; its recency, priority and credit are reset.
     #[inline]
     pub(crate) fn evicted(self, stamp: u64) -> PageWord {
-        let mut new = (self.0 & !(DIRTY | IDLE | EVICTING | PRIO_MASK | SHADOW_MASK | CREDIT_MASK))
-            | ABSENT
-            | NOWRITE
-            | ((stamp << SHADOW_SHIFT) & SHADOW_MASK);
+        let gone = DIRTY | UNVERIFIED | IDLE | EVICTING | PRIO_MASK | SHADOW_MASK | CREDIT_MASK;
+        let mut new = (self.0 & !gone) | ABSENT | NOWRITE | ((stamp << SHADOW_SHIFT) & SHADOW_MASK);
         if self.is_dirty() {
-            new |= REMOTE;
+            new |= REMOTE | EVER_WRITTEN | WROTE_LAST;
+        } else {
+            new &= !WROTE_LAST;
         }
         PageWord(new)
     }
@@ -336,7 +380,9 @@ mod tests {
         assert!(!fresh.is_far(), "a fresh page reads as zeros");
         let locked = fresh.locked_by(7);
         assert!(locked.is_locked());
-        let present = locked.installed(false, 3, Hotness::Probation).unlocked();
+        let present = locked
+            .installed(Access::Protected, 3, Hotness::Probation)
+            .unlocked();
         assert!(present.is_present() && !present.is_writable() && present.is_idle());
         assert_eq!(present.prio(), 3);
         assert!(!present.is_locked());
@@ -347,7 +393,7 @@ mod tests {
         assert!(far.is_absent() && far.has_far_copy() && far.is_far());
         assert!(!far.is_dirty() && far.prio() == 0);
         assert_eq!(far.shadow(), 12345);
-        let back = far.installed(false, 0, Hotness::WorkingSet(2));
+        let back = far.installed(Access::Protected, 0, Hotness::WorkingSet(2));
         assert!(
             back.has_far_copy() && back.ever_written(),
             "its far copy is current"
@@ -358,8 +404,25 @@ mod tests {
     }
 
     #[test]
+    fn an_unverified_page_is_dirty_until_eviction_looks_and_remembers_writes() {
+        let fresh = PageWord::FRESH.locked_by(1);
+        let zero = fresh.installed(Access::Unverified, 0, Hotness::Used);
+        assert!(zero.is_writable() && zero.is_dirty() && zero.is_unverified());
+        assert!(!zero.ever_written(), "not known to be written");
+        let gone = zero.evicting().found_zero().evicted(1);
+        assert!(!gone.is_far() && !gone.wrote_last(), "zeros again: fresh");
+        let written = zero.evicting().evicted(2);
+        assert!(written.has_far_copy() && written.ever_written() && written.wrote_last());
+        assert!(!written.is_unverified());
+        let back = written.installed(Access::Unverified, 0, Hotness::Used);
+        let same = back.evicting().found_unchanged().evicted(3);
+        assert!(same.has_far_copy() && same.ever_written() && !same.wrote_last());
+        assert!(!same.is_dirty());
+    }
+
+    #[test]
     fn a_clean_page_evicted_keeps_its_far_copy_status() {
-        let never_written = PageWord::FRESH.installed(false, 0, Hotness::Used);
+        let never_written = PageWord::FRESH.installed(Access::Protected, 0, Hotness::Used);
         let gone = never_written.evicting().evicted(1);
         assert!(
             !gone.has_far_copy() && !gone.is_far(),
@@ -369,7 +432,7 @@ mod tests {
 
     #[test]
     fn the_hand_marks_idle_then_spends_credit_then_evicts() {
-        let w = PageWord::FRESH.installed(false, 0, Hotness::WorkingSet(2));
+        let w = PageWord::FRESH.installed(Access::Protected, 0, Hotness::WorkingSet(2));
         let w = w.passed_by_hand().expect("used: marked idle");
         assert!(w.is_idle());
         let w = w.passed_by_hand().expect("credit 2 -> 1");
@@ -383,7 +446,7 @@ mod tests {
 
     #[test]
     fn hints_know_when_they_have_work() {
-        let ro = PageWord::FRESH.installed(false, 0, Hotness::Used);
+        let ro = PageWord::FRESH.installed(Access::Protected, 0, Hotness::Used);
         assert!(!ro.needs_fetch_for(false) && ro.needs_fetch_for(true));
         assert!(PageWord::FRESH.needs_fetch_for(false));
         assert!(!PageWord::UNREGISTERED.needs_fetch_for(true));
