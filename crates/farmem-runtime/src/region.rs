@@ -11,6 +11,7 @@ use farmem_sys::uffd;
 use crate::error::{Error, Result};
 use crate::fetch::readahead;
 use crate::page::table;
+use crate::page::word::{Access, Hotness};
 use crate::regions::RegionInfo;
 use crate::state::State;
 
@@ -79,6 +80,62 @@ pub(crate) fn map(st: &State, id: u32, len: usize, at: Option<usize>) -> Result<
         table::unregister(info.first_vpn(), info.npages);
         return Err(undo(Error::backend(st.backend.describe(), None, e)));
     }
+    Ok(info)
+}
+
+/// Register `[base, base+len)`, an anonymous private mapping that already exists and holds
+/// data (a program's static arrays), as a region that lives until the process ends. Its
+/// resident pages become resident dirty pages of the region (they count against the budget
+/// and may be evicted); the others read as zeros when first touched, as anonymous memory
+/// does. Nothing else may touch the range meanwhile (the caller runs before the program's
+/// threads exist).
+pub(crate) fn adopt(st: &State, id: u32, base: usize, len: usize) -> Result<RegionInfo> {
+    let info = RegionInfo {
+        id,
+        base,
+        npages: len / PAGE_SIZE,
+        fixed: true,
+    };
+    let resident = mem::resident_pages(base, len).map_err(|e| Error::sys("mincore", e))?;
+    let _ = mem::madvise(base, len, libc::MADV_NOHUGEPAGE);
+    table::register(info.first_vpn(), info.npages).map_err(|e| Error::sys("page metadata", e))?;
+    let undo = |e: Error| {
+        table::unregister(info.first_vpn(), info.npages);
+        e
+    };
+    let ioctls = st
+        .uffd
+        .register(
+            base,
+            len,
+            uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP,
+        )
+        .map_err(|e| undo(Error::sys("registering static memory with userfaultfd", e)))?;
+    let needed = uffd::IOCTL_BIT_COPY | uffd::IOCTL_BIT_WAKE | uffd::IOCTL_BIT_WRITEPROTECT;
+    if ioctls & needed != needed {
+        let _ = st.uffd.unregister(base, len);
+        return Err(undo(Error::Config(
+            "this kernel's userfaultfd lacks UFFDIO_COPY/WAKE/WRITEPROTECT here".into(),
+        )));
+    }
+    if let Err(e) = st.backend.open_region(id, info.npages as u64) {
+        let _ = st.uffd.unregister(base, len);
+        return Err(undo(Error::backend(st.backend.describe(), None, e)));
+    }
+    let present: Vec<usize> = resident
+        .iter()
+        .enumerate()
+        .filter(|(_, &r)| r)
+        .map(|(i, _)| info.first_vpn() + i)
+        .collect();
+    for &vpn in &present {
+        let slot = table::slot(vpn);
+        if let Ok(old) = slot.try_lock(0) {
+            slot.unlock(old.installed(Access::Written, 0, Hotness::Used));
+        }
+    }
+    st.resident.fetch_add(present.len(), Ordering::AcqRel);
+    st.policy().insert(&present, 0);
     Ok(info)
 }
 

@@ -289,6 +289,31 @@ impl Runtime {
         self.create_region_impl(size, Some(addr))
     }
 
+    /// Put `[addr, addr+len)`, an existing anonymous private mapping that may hold data
+    /// (a program's static arrays: `.bss`), in far memory for the rest of the process: its
+    /// resident pages count against the budget and may be evicted like any other, its
+    /// untouched pages read as zeros when touched. The range is never given back.
+    ///
+    /// # Safety
+    /// The range must be anonymous private memory that no other thread touches during the
+    /// call, that is never unmapped afterwards, and that the runtime itself never reads
+    /// (its threads must not fault).
+    pub unsafe fn adopt_range(&self, addr: usize, len: usize) -> Result<()> {
+        let _scope = RuntimeScope::enter();
+        refuse_in_child()?;
+        if !addr.is_multiple_of(PAGE_SIZE) || !len.is_multiple_of(PAGE_SIZE) || len == 0 {
+            return Err(Error::Invalid(format!(
+                "range at {addr:#x} of {len} bytes is not whole pages"
+            )));
+        }
+        let st = self.state();
+        let id = st.next_region.fetch_add(1, Ordering::Relaxed);
+        let info = region::adopt(st, id, addr, len)?;
+        registry::insert(info, st);
+        st.regions.insert(info);
+        Ok(())
+    }
+
     fn create_region_impl(&self, size: usize, at: Option<usize>) -> Result<Region> {
         let _scope = RuntimeScope::enter();
         refuse_in_child()?;

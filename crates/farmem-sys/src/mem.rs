@@ -129,6 +129,18 @@ pub fn mprotect(p: *mut u8, len: usize, prot: i32) -> io::Result<()> {
         .map_err(io_err)
 }
 
+/// Which pages of `[p, p+len)` (page-aligned, mapped) are resident (`mincore`).
+pub fn resident_pages(p: usize, len: usize) -> io::Result<Vec<bool>> {
+    let n = len.div_ceil(PAGE_SIZE);
+    let mut vec = vec![0u8; n];
+    // SAFETY: `vec` has one byte per page of the range, as mincore requires.
+    let rc = unsafe { libc::mincore(p as *mut libc::c_void, len, vec.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(vec.iter().map(|b| b & 1 != 0).collect())
+}
+
 pub fn madvise(p: usize, len: usize, advice: i32) -> io::Result<()> {
     // SAFETY: advice on a range of our own mappings; DONTNEED on a region is how pages leave
     // local memory, after their contents are safe in the backend.

@@ -18,6 +18,7 @@ mod malloc;
 mod mi;
 mod mmap;
 mod report;
+mod statics;
 mod threads;
 pub mod vspace;
 
@@ -148,6 +149,11 @@ fn start() {
         libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
     }
     report::install(stats_at_exit);
+    if env_flag("FARMEM_STATIC").is_none_or(|v| v.trim() != "0") {
+        if let Some(rt) = RUNTIME.get() {
+            statics::adopt(rt);
+        }
+    }
     STATE.store(READY, Ordering::Release);
     tracing::debug!("farmem transparent mode started");
 }

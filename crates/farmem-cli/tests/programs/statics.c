@@ -1,0 +1,50 @@
+/* Static arrays (.bss), in the shape of STREAM: three arrays filled, then triad passes over
+ * the first `n` elements of each, checked at the end. Prints the peak resident set
+ * ("VmHWM <kB>") so that the test can compare it with the local budget.
+ * Usage: statics N_ELEMENTS PASSES [heap]   (N_ELEMENTS <= 2 Mi; 0 touches nothing; with
+ * "heap", the same arrays from malloc instead, for comparison) */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX (2u << 20) /* 3 x 16 MiB */
+static double sa[MAX], sb[MAX], sc[MAX];
+
+static long status_kib(const char *key) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long v = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, key, strlen(key))) v = atol(line + strlen(key));
+    if (f) fclose(f);
+    return v;
+}
+
+int main(int argc, char **argv) {
+    size_t n = argc > 1 ? strtoul(argv[1], 0, 10) : MAX;
+    int passes = argc > 2 ? atoi(argv[2]) : 2;
+    if (n > MAX) n = MAX;
+    double *a = sa, *b = sb, *c = sc;
+    if (argc > 3 && !strcmp(argv[3], "heap")) {
+        a = malloc(MAX * sizeof(double));
+        b = malloc(MAX * sizeof(double));
+        c = malloc(MAX * sizeof(double));
+        if (!a || !b || !c) return 2;
+    }
+    for (size_t i = 0; i < n; i++) {
+        a[i] = (double)(i % 1000);
+        b[i] = 2.0;
+        c[i] = 0.0;
+    }
+    for (int p = 0; p < passes; p++)
+        for (size_t i = 0; i < n; i++) c[i] = a[i] + 3.0 * b[i] + p;
+    for (size_t i = 0; i < n; i++) {
+        double want = (double)(i % 1000) + 6.0 + (passes - 1);
+        if (passes > 0 && c[i] != want) {
+            fprintf(stderr, "statics: c[%zu] = %f, want %f\n", i, c[i], want);
+            return 1;
+        }
+    }
+    printf("VmHWM %ld kB\n", status_kib("VmHWM:"));
+    return 0;
+}
