@@ -36,6 +36,13 @@ pub struct Args {
     /// Skip the Linux-swap (zram) runs.
     #[arg(long)]
     no_swap: bool,
+    /// Where farmem keeps far pages (as `farmem run --backend`). The default compresses with
+    /// LZ4 in DRAM, as zram does with `--zram-comp lz4`: like is compared with like.
+    #[arg(long, default_value = "local+lz4://")]
+    backend: String,
+    /// zram's compressor for the Linux-swap runs (`default`: leave the kernel's choice).
+    #[arg(long, default_value = "lz4")]
+    zram_comp: String,
     /// Also write the results as JSON.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -202,6 +209,10 @@ struct RunResult {
     secs: f64,
     stdout: Vec<u8>,
     peak_rss: u64,
+    /// Memory the run used at its peak, far copies included: for farmem the program's peak
+    /// resident set (its far pages are in it with an embedded backend) plus what a memory
+    /// server holds for it; for Linux the cgroup's peak plus zram's peak memory.
+    mem_used: u64,
 }
 
 /// Read the child's stdout to the end, then reap it with wait4: its status, its output and
@@ -247,16 +258,23 @@ fn run_native(w: &Workload) -> Result<RunResult> {
         secs: t0.elapsed().as_secs_f64(),
         stdout,
         peak_rss: peak,
+        mem_used: peak,
     })
 }
 
-fn run_farmem(w: &Workload, local: u64) -> Result<RunResult> {
+fn run_farmem(w: &Workload, local: u64, backend: &str, dir: &Path) -> Result<RunResult> {
     let me = std::env::current_exe()?;
+    let json = dir.join("stats.json");
+    let _ = std::fs::remove_file(&json);
     let t0 = Instant::now();
     let out = Command::new(me)
         .arg("run")
         .arg("--local-mem")
         .arg(local.to_string())
+        .arg("--backend")
+        .arg(backend)
+        .arg("--stats-json")
+        .arg(&json)
         .arg("--")
         .args(&w.argv)
         .stdin(Stdio::null())
@@ -269,10 +287,21 @@ fn run_farmem(w: &Workload, local: u64) -> Result<RunResult> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    let secs = t0.elapsed().as_secs_f64();
+    let stats: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(&json).context("reading farmem run's --stats-json")?,
+    )?;
+    let peak = stats["peak_rss_bytes"].as_u64().unwrap_or(0);
+    let remote = if backend.starts_with("tcp://") {
+        stats["stats"]["backend_bytes"].as_u64().unwrap_or(0)
+    } else {
+        0 // an embedded backend's far pages are in the process's resident set
+    };
     Ok(RunResult {
-        secs: t0.elapsed().as_secs_f64(),
+        secs,
         stdout: out.stdout,
-        peak_rss: 0,
+        peak_rss: peak,
+        mem_used: peak + remote,
     })
 }
 
@@ -283,6 +312,8 @@ fn run_swap(w: &Workload, limit: u64, peak: u64) -> Result<RunResult> {
     let t0 = Instant::now();
     let out = base.run(cmd)?;
     let secs = t0.elapsed().as_secs_f64();
+    let st = base.stats();
+    let mem_used = st.peak_mem.unwrap_or(0) + st.zram_mem_used_max.unwrap_or(0);
     base.close()?;
     // Linux swap cannot always run the program at this limit: the cgroup's OOM killer ends
     // it (directly, or the shell reports its child's SIGKILL as 137). That is a result.
@@ -292,6 +323,7 @@ fn run_swap(w: &Workload, limit: u64, peak: u64) -> Result<RunResult> {
             secs: f64::INFINITY,
             stdout: Vec::new(),
             peak_rss: 0,
+            mem_used,
         });
     }
     if !out.status.success() {
@@ -307,6 +339,7 @@ fn run_swap(w: &Workload, limit: u64, peak: u64) -> Result<RunResult> {
         secs,
         stdout: out.stdout,
         peak_rss: 0,
+        mem_used,
     })
 }
 
@@ -314,6 +347,7 @@ pub fn run(a: Args) -> Result<()> {
     if a.repeat == 0 || a.local.iter().any(|&p| p == 0 || p > 100) {
         bail!("--repeat must be positive and --local percentages in 1..=100");
     }
+    super::swap::use_zram_compressor((a.zram_comp != "default").then_some(a.zram_comp.as_str()));
     let dir = std::env::temp_dir().join(format!("farmem-bench-programs-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let res = run_in(&a, &dir);
@@ -331,6 +365,7 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
         let peak = reference.peak_rss.max(16 << 20);
         eprintln!("{:.2} s, peak {} MiB", reference.secs, peak >> 20);
         let mut times: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        let mut mem: BTreeMap<String, Vec<f64>> = BTreeMap::new();
         for rep in 0..a.repeat {
             let r = if rep == 0 {
                 reference.secs
@@ -347,8 +382,8 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
                     a.repeat,
                     local >> 20
                 );
-                let f = run_farmem(&w, local)?;
-                eprintln!("{:.2} s", f.secs);
+                let f = run_farmem(&w, local, &a.backend, dir)?;
+                eprintln!("{:.2} s, {} MiB used", f.secs, f.mem_used >> 20);
                 if f.stdout != reference.stdout {
                     bail!(
                         "{}: output under farmem run at {pct}% differs from the native one",
@@ -359,6 +394,9 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
                     .entry(format!("farmem {pct}%"))
                     .or_default()
                     .push(f.secs);
+                mem.entry(format!("farmem {pct}%"))
+                    .or_default()
+                    .push(f.mem_used as f64);
                 if !a.no_swap {
                     eprint!(
                         "{} rep {}/{}: Linux swap (zram) at {pct}% ... ",
@@ -368,7 +406,7 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
                     );
                     let s = run_swap(&w, local, peak)?;
                     if s.secs.is_finite() {
-                        eprintln!("{:.2} s", s.secs);
+                        eprintln!("{:.2} s, {} MiB used", s.secs, s.mem_used >> 20);
                     } else {
                         eprintln!("OOM-killed");
                     }
@@ -384,6 +422,9 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
                         .entry(format!("zram {pct}%"))
                         .or_default()
                         .push(s.secs);
+                    mem.entry(format!("zram {pct}%"))
+                        .or_default()
+                        .push(s.mem_used as f64);
                 }
             }
         }
@@ -399,17 +440,24 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
             .collect();
         let meds: BTreeMap<&String, Option<f64>> =
             med.iter().map(|(k, &v)| (k, finite(v))).collect();
+        let mem_med: BTreeMap<String, f64> = mem
+            .iter()
+            .map(|(k, v)| (k.clone(), median(v.clone())))
+            .collect();
         all_json.push(json!({
             "workload": w.name,
             "peak_rss_bytes": peak,
             "median_s": meds,
             "runs_s": runs,
+            "median_mem_used_bytes": mem_med,
         }));
-        rows.push((w.name, peak, med));
+        rows.push((w.name, peak, med, mem_med));
     }
     println!(
-        "\nmedian wall time in seconds (ratio to native); data size {} MiB",
-        a.size_mib
+        "\nmedian wall time in seconds (ratio to native), and memory used at the peak in MiB \
+         (farmem: the process's peak resident set, far copies included; zram: the cgroup's \
+         peak plus zram's); data size {} MiB; farmem on {}, zram with {}",
+        a.size_mib, a.backend, a.zram_comp
     );
     let mut cols = vec!["native".to_string()];
     for &p in &a.local {
@@ -423,13 +471,17 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
         print!(" {c:>18}");
     }
     println!();
-    for (name, peak, med) in &rows {
+    for (name, peak, med, mem_med) in &rows {
         print!("{name:<12} {:>9.0}", *peak as f64 / (1 << 20) as f64);
         let native = med["native"];
         for c in &cols {
             let v = med[c];
+            let used = mem_med
+                .get(c)
+                .map(|m| format!(" {:.0}M", m / (1 << 20) as f64))
+                .unwrap_or_default();
             if v.is_finite() {
-                print!(" {:>18}", format!("{v:.2} ({:.1}x)", v / native));
+                print!(" {:>18}", format!("{v:.2} ({:.1}x){used}", v / native));
             } else {
                 print!(" {:>18}", "OOM-killed");
             }

@@ -59,6 +59,11 @@ pub(super) fn set_up_zram(ch: &mut Changes, bytes: u64) -> Result<(PathBuf, u32)
     let sys = zram_sys(n);
     ch.zram_comp_algorithm = selected_comp_algorithm(n).map(|a| (n, a));
     ch.zram_configured = Some(n);
+    if let Some(alg) = super::zram_compressor() {
+        // Before the size: the compressor can only be chosen while the device is unused.
+        write_sys(&sys.join("comp_algorithm"), &alg)
+            .with_context(|| format!("choosing {alg} for /dev/zram{n}"))?;
+    }
     write_sys(&sys.join("disksize"), &bytes.to_string())
         .with_context(|| format!("sizing /dev/zram{n} (needs root)"))?;
     let dev = zram_dev_node(ch, n)?;

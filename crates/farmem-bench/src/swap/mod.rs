@@ -198,6 +198,19 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The compressor zram baselines use (none: the kernel's default), so that compressed DRAM
+/// is compared with compressed DRAM of the same algorithm.
+static ZRAM_COMPRESSOR: Mutex<Option<String>> = Mutex::new(None);
+
+/// Make the zram devices set up from now on use `alg` (e.g. `lz4`).
+pub fn use_zram_compressor(alg: Option<&str>) {
+    *lock(&ZRAM_COMPRESSOR) = alg.map(str::to_owned);
+}
+
+fn zram_compressor() -> Option<String> {
+    lock(&ZRAM_COMPRESSOR).clone()
+}
+
 impl SwapBaseline {
     /// Sets up a swap device of `swap_bytes` (zram: a free device gets `disksize`, `mkswap`,
     /// `swapon` at priority 32767; file: created, allocated, mode 600, `mkswap`, `swapon`) and
