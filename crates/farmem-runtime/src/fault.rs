@@ -171,7 +171,16 @@ impl FaultServer {
         } else {
             None
         };
-        let readahead = prediction.map_or(0, |p| readahead_for(vpn, &p));
+        let mut readahead = prediction.map_or(0, |p| readahead_for(vpn, &p));
+        if absent && !f.wp && prediction.is_none() && grows_fresh_memory(st, &reg, vpn) {
+            // New memory next to resident memory while the program fits its budget: zero-fill
+            // the rest of its block too (no I/O, budget to spare: read-ahead takes only free
+            // budget), so that a growing heap faults once per block, not once per page or per
+            // predicted run (CPython building 128 MiB at a budget it fits: 5,772 -> 630
+            // faults, 0.46 -> 0.37 s; native 0.34 s).
+            let block_end = (vpn | (FRESH_AROUND - 1)) + 1;
+            readahead = readahead.max((block_end - vpn - 1) as isize);
+        }
         let req = Request {
             first: vpn,
             count: 1,
@@ -279,6 +288,20 @@ pub(crate) fn run(st: Arc<State>) {
         fds[0].revents = 0;
         fds[1].revents = 0;
     }
+}
+
+/// Pages of the block of new memory a fault on fresh memory fills (see [`grows_fresh_memory`]).
+const FRESH_AROUND: usize = 64;
+
+/// Whether a fault at `vpn` is on fresh memory that grows resident memory (the page before
+/// it is present) while the program has never needed more than its budget. Sparse first
+/// touches (a page here and there of a large mapping) get no more than they touch: memory
+/// the program never uses is never made resident for it.
+fn grows_fresh_memory(st: &State, reg: &crate::regions::RegionInfo, vpn: usize) -> bool {
+    !st.over_budget_once.load(Ordering::Relaxed)
+        && vpn > reg.first_vpn()
+        && !table::slot(vpn).load().is_far()
+        && table::slot(vpn - 1).load().is_present()
 }
 
 /// The read-ahead of a fault request that covers a prediction: pages after (or before) the
