@@ -131,6 +131,8 @@ fn note_far_full(st: &State, pages: usize, e: &BackendError) {
 struct Victim {
     vpn: usize,
     old: PageWord,
+    /// Its contents' digest, when `verify` took it (0: not taken).
+    digest: u128,
 }
 
 /// Merge ascending page numbers into `(addr, len)` ranges.
@@ -174,6 +176,7 @@ pub(crate) fn evict_batch(st: &State, max: usize) -> usize {
                 victims.push(Victim {
                     vpn: v,
                     old: old.evicting(),
+                    digest: 0,
                 });
             }
             // Not resident any more (cannot normally happen): forget it.
@@ -336,7 +339,10 @@ fn verify(st: &State, victims: &mut [Victim]) {
         // unchanged until we unmap it, so reading 4 KiB from it is sound.
         let page =
             unsafe { std::slice::from_raw_parts((v.vpn * PAGE_SIZE) as *const u8, PAGE_SIZE) };
-        if v.old.has_far_copy() && digest::of(page) == digest::stored(v.vpn) {
+        if v.old.has_far_copy() {
+            v.digest = digest::of(page);
+        }
+        if v.digest != 0 && v.digest == digest::stored(v.vpn) {
             v.old = v.old.found_unchanged();
             unchanged += 1;
         } else if digest::is_zero(page) {
@@ -370,7 +376,14 @@ fn write_back(st: &State, dirty: &[&Victim]) -> Result<(), BackendError> {
         buf.page_mut(i).copy_from_slice(src);
     }
     let digests: Vec<u128> = if st.cfg.writable_install {
-        (0..dirty.len()).map(|i| digest::of(buf.page(i))).collect()
+        dirty
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v.digest {
+                0 => digest::of(buf.page(i)),
+                d => d, // taken by `verify` on the same, write-protected, contents
+            })
+            .collect()
     } else {
         Vec::new()
     };

@@ -44,14 +44,22 @@ pub(crate) fn map(st: &State, id: u32, len: usize, at: Option<usize>) -> Result<
         npages: len / PAGE_SIZE,
         fixed: at.is_some(),
     };
-    let undo = |e: Error| {
-        release_range(&info);
-        e
-    };
+    attach(st, &info).inspect_err(|_| release_range(&info))?;
+    Ok(info)
+}
+
+/// Make the mapped range of `info` a region: page words, userfaultfd registration (missing
+/// and write-protect), backend storage. On failure, whatever it did is undone (the mapping
+/// is the caller's).
+fn attach(st: &State, info: &RegionInfo) -> Result<()> {
+    let (base, len) = (info.base, info.npages * PAGE_SIZE);
     // The runtime installs and evicts 4 KiB pages; huge pages would defeat both.
     let _ = mem::madvise(base, len, libc::MADV_NOHUGEPAGE);
-    table::register(info.first_vpn(), info.npages)
-        .map_err(|e| undo(Error::sys("page metadata", e)))?;
+    table::register(info.first_vpn(), info.npages).map_err(|e| Error::sys("page metadata", e))?;
+    let undo = |e: Error| {
+        table::unregister(info.first_vpn(), info.npages);
+        e
+    };
     let ioctls = st
         .uffd
         .register(
@@ -60,7 +68,6 @@ pub(crate) fn map(st: &State, id: u32, len: usize, at: Option<usize>) -> Result<
             uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP,
         )
         .map_err(|e| {
-            table::unregister(info.first_vpn(), info.npages);
             undo(Error::sys(
                 "registering region with userfaultfd (missing + write-protect)",
                 e,
@@ -69,18 +76,16 @@ pub(crate) fn map(st: &State, id: u32, len: usize, at: Option<usize>) -> Result<
     let needed = uffd::IOCTL_BIT_COPY | uffd::IOCTL_BIT_WAKE | uffd::IOCTL_BIT_WRITEPROTECT;
     if ioctls & needed != needed {
         let _ = st.uffd.unregister(base, len);
-        table::unregister(info.first_vpn(), info.npages);
         return Err(undo(Error::Config(
             "this kernel's userfaultfd lacks UFFDIO_COPY/WAKE/WRITEPROTECT on anonymous memory"
                 .into(),
         )));
     }
-    if let Err(e) = st.backend.open_region(id, info.npages as u64) {
+    if let Err(e) = st.backend.open_region(info.id, info.npages as u64) {
         let _ = st.uffd.unregister(base, len);
-        table::unregister(info.first_vpn(), info.npages);
         return Err(undo(Error::backend(st.backend.describe(), None, e)));
     }
-    Ok(info)
+    Ok(())
 }
 
 /// Register `[base, base+len)`, an anonymous private mapping that already exists and holds
@@ -97,31 +102,7 @@ pub(crate) fn adopt(st: &State, id: u32, base: usize, len: usize) -> Result<Regi
         fixed: true,
     };
     let resident = mem::resident_pages(base, len).map_err(|e| Error::sys("mincore", e))?;
-    let _ = mem::madvise(base, len, libc::MADV_NOHUGEPAGE);
-    table::register(info.first_vpn(), info.npages).map_err(|e| Error::sys("page metadata", e))?;
-    let undo = |e: Error| {
-        table::unregister(info.first_vpn(), info.npages);
-        e
-    };
-    let ioctls = st
-        .uffd
-        .register(
-            base,
-            len,
-            uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP,
-        )
-        .map_err(|e| undo(Error::sys("registering static memory with userfaultfd", e)))?;
-    let needed = uffd::IOCTL_BIT_COPY | uffd::IOCTL_BIT_WAKE | uffd::IOCTL_BIT_WRITEPROTECT;
-    if ioctls & needed != needed {
-        let _ = st.uffd.unregister(base, len);
-        return Err(undo(Error::Config(
-            "this kernel's userfaultfd lacks UFFDIO_COPY/WAKE/WRITEPROTECT here".into(),
-        )));
-    }
-    if let Err(e) = st.backend.open_region(id, info.npages as u64) {
-        let _ = st.uffd.unregister(base, len);
-        return Err(undo(Error::backend(st.backend.describe(), None, e)));
-    }
+    attach(st, &info)?;
     let present: Vec<usize> = resident
         .iter()
         .enumerate()
