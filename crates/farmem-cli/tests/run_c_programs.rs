@@ -284,6 +284,35 @@ fn threads_with_prefault_over_a_memory_server() {
     assert!(r.stat("pages_fetched") > 0, "{}", r.describe());
 }
 
+/// The kernel reads and writes heap pages in each state the runtime gives them (far, fresh,
+/// fetched back writable without tracking), through write, pwrite, read, pread, readv, recv,
+/// fread/getline into a heap `FILE` buffer, futexes of a mutex and a condition variable inside
+/// a heap object, and execve with argv/envp built in far memory (tests/programs/kernel_io.c
+/// checks each). Run at a budget far below the program's memory, where every step meets far
+/// pages and pages installed unverified, and with budget to spare, where fresh memory is
+/// zero-filled ahead of the touch.
+#[test]
+fn kernel_reads_and_writes_far_fresh_and_unverified_pages() {
+    let dir = Scratch::new("kernel-io");
+    let prog = compile("kernel_io", &dir);
+    let tight = farmem_run(&dir, "4M", &prog, &["32"]);
+    tight.assert_success();
+    eprintln!(
+        "kernel_io at 4M: {} pages evicted, {} installed unverified, {} of them found unchanged",
+        tight.stat("pages_evicted"),
+        tight.stat("unverified_installs"),
+        tight.stat("verified_unchanged")
+    );
+    assert!(tight.stat("pages_evicted") > 0, "{}", tight.describe());
+    assert!(
+        tight.stat("unverified_installs") > 0,
+        "no page was installed unverified: the test did not cover that state\n{}",
+        tight.describe()
+    );
+    let roomy = farmem_run(&dir, "1G", &prog, &["32"]);
+    roomy.assert_success();
+}
+
 /// The peak resident set a run printed (`VmHWM <kB> kB`), in bytes.
 fn peak_rss(r: &Outcome) -> u64 {
     let kib: u64 = r
