@@ -166,6 +166,12 @@ impl PageWord {
         wrote_last => WROTE_LAST,
     }
 
+    /// The small id of the thread holding `LOCKED` (0 when unlocked).
+    #[inline]
+    pub(crate) fn owner(self) -> u16 {
+        ((self.0 & OWNER_MASK) >> OWNER_SHIFT) as u16
+    }
+
     #[inline]
     pub(crate) fn is_present(self) -> bool {
         !self.is_absent()
