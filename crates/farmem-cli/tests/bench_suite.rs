@@ -21,11 +21,12 @@ const WORKLOADS: [&str; 6] = [
     "psort",
     "memcached",
 ];
-const MODES: [&str; 7] = [
+const MODES: [&str; 8] = [
     "native",
     "swap-zram",
     "swap-file",
     "farmem",
+    "farmem-lz4",
     "farmem-tcp",
     "farmem-hinted",
     "farmem-hinted-tcp",

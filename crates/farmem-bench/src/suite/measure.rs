@@ -134,6 +134,9 @@ impl Runner<'_> {
             .arg(job.local.to_string())
             .arg("--stats-json")
             .arg(&stats_file);
+        if job.mode == Mode::FarmemLz4 {
+            cmd.arg("--backend").arg("local+lz4://");
+        }
         if job.mode.over_tcp() {
             let srv = self
                 .server

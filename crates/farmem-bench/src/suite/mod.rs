@@ -40,7 +40,8 @@ Output in --out: runs.csv (every run, written as it ends), summary.csv and resul
 (medians per point), summary.md (the tables), <workload>.svg/.png (normalized throughput
 against local memory, one line per mode) and overview.svg/.png (all workloads).")]
 pub struct Args {
-    /// Workloads to run.
+    /// Workloads to run. Also available by name: csrbuild and dictgrow (random writes
+    /// building a large array; a growing hash table), the shapes where paging collapses.
     #[arg(
         long,
         value_delimiter = ',',
@@ -53,9 +54,13 @@ pub struct Args {
         long,
         value_delimiter = ',',
         value_enum,
-        default_value = "native,swap-zram,swap-file,farmem,farmem-tcp,farmem-hinted,farmem-hinted-tcp"
+        default_value = "native,swap-zram,swap-file,farmem,farmem-lz4,farmem-tcp,farmem-hinted,farmem-hinted-tcp"
     )]
     modes: Vec<Mode>,
+    /// zram's compressor in the swap-zram mode (`default`: leave the kernel's choice); lz4
+    /// meets farmem-lz4 like for like.
+    #[arg(long, default_value = "lz4")]
+    zram_comp: String,
     /// Local memory, in percent of each workload's native peak.
     #[arg(long, value_delimiter = ',', default_value = "100,75,50,25,10")]
     local: Vec<u32>,
@@ -88,6 +93,7 @@ pub fn run(mut a: Args) -> Result<()> {
         return report_again(a);
     }
     check(&mut a)?;
+    crate::swap::use_zram_compressor((a.zram_comp != "default").then_some(a.zram_comp.as_str()));
     std::fs::create_dir_all(a.out.join("logs"))
         .with_context(|| format!("creating {}", a.out.display()))?;
     install_cleanup_handler()?;

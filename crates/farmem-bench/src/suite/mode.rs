@@ -14,6 +14,9 @@ pub enum Mode {
     SwapFile,
     /// `farmem run`, embedded (in-process) backend.
     Farmem,
+    /// `farmem run` with far pages compressed in process (`local+lz4://`): compressed DRAM,
+    /// to compare with swap-zram compressing with the same algorithm.
+    FarmemLz4,
     /// `farmem run` over TCP to a `farmem server` on loopback.
     FarmemTcp,
     /// The hinted build of the program under `farmem run`, embedded backend.
@@ -29,6 +32,7 @@ impl Mode {
             Mode::SwapZram => "swap-zram",
             Mode::SwapFile => "swap-file",
             Mode::Farmem => "farmem",
+            Mode::FarmemLz4 => "farmem-lz4",
             Mode::FarmemTcp => "farmem-tcp",
             Mode::FarmemHinted => "farmem-hinted",
             Mode::FarmemHintedTcp => "farmem-hinted-tcp",
@@ -42,7 +46,11 @@ impl Mode {
     pub fn is_farmem(self) -> bool {
         matches!(
             self,
-            Mode::Farmem | Mode::FarmemTcp | Mode::FarmemHinted | Mode::FarmemHintedTcp
+            Mode::Farmem
+                | Mode::FarmemLz4
+                | Mode::FarmemTcp
+                | Mode::FarmemHinted
+                | Mode::FarmemHintedTcp
         )
     }
 

@@ -25,6 +25,12 @@ pub enum Workload {
     Psort,
     /// Debian's memcached, loaded then read with Zipf(0.8) GETs (transparent modes only).
     Memcached,
+    /// A graph's CSR adjacency built from an R-MAT edge stream: random increments, then
+    /// random writes into the array being built (a collapse shape for paging).
+    Csrbuild,
+    /// A CPython-style hash table grown by inserts (index rebuilt at random at each
+    /// doubling), then a few random lookups (a collapse shape for paging).
+    Dictgrow,
 }
 
 /// The shared header of the C workloads and the farmem header they include.
@@ -46,6 +52,8 @@ impl Workload {
             Workload::Dataframe => "dataframe",
             Workload::Psort => "psort",
             Workload::Memcached => "memcached",
+            Workload::Csrbuild => "csrbuild",
+            Workload::Dictgrow => "dictgrow",
         }
     }
 
@@ -53,6 +61,8 @@ impl Workload {
     pub fn default_mib(self) -> u64 {
         match self {
             Workload::Dataframe => 2048,
+            // Random writes at memory latency: 256 MiB takes ~19 s natively here.
+            Workload::Csrbuild => 128,
             _ => 1024,
         }
     }
@@ -65,6 +75,8 @@ impl Workload {
             Workload::Dataframe => "rows",
             Workload::Psort => "elements",
             Workload::Memcached => "GETs",
+            Workload::Csrbuild => "edges",
+            Workload::Dictgrow => "operations",
         }
     }
 
@@ -75,6 +87,8 @@ impl Workload {
             Workload::Kvs => include_str!("../../workloads/kvs.c"),
             Workload::Dataframe => include_str!("../../workloads/dataframe.c"),
             Workload::Psort => include_str!("../../workloads/psort.c"),
+            Workload::Csrbuild => include_str!("../../workloads/csrbuild.c"),
+            Workload::Dictgrow => include_str!("../../workloads/dictgrow.c"),
             Workload::Memcached => return None,
         })
     }
