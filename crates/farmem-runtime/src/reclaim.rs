@@ -148,6 +148,16 @@ fn ranges_of(vpns: impl Iterator<Item = usize>) -> Vec<(usize, usize)> {
     out
 }
 
+/// Most separate address ranges one step of an eviction handles. Each range costs a
+/// write-protect ioctl (a TLB flush with an IPI, ~6 us here) and every page of a step stays
+/// locked until the whole step is unmapped: a program touching one of them waits that long.
+/// Scattered victims (random access) are therefore evicted 16 at a time, while contiguous
+/// ones (scans) still go as one step of the whole batch. A CSR build at 50% local (8 MiB,
+/// local+lz4): steps of 128 scattered pages took 2.1 ms each; 16 per step: 61 -> 40 s.
+/// Only where a write-back completes inline: over a network each step would wait for its
+/// own round trip (measured 4% slower on random scans over TCP).
+const RANGES_PER_STEP: usize = 16;
+
 /// Evict up to `max` pages. Returns how many left local memory.
 pub(crate) fn evict_batch(st: &State, max: usize) -> usize {
     let _gate = st.evict_gate.read();
@@ -160,10 +170,42 @@ pub(crate) fn evict_batch(st: &State, max: usize) -> usize {
     if cands.is_empty() {
         return 0;
     }
+    cands.sort_unstable();
+    let per_step = if st.backend.completes_inline() {
+        RANGES_PER_STEP
+    } else {
+        usize::MAX
+    };
+    let mut evicted = 0;
+    let mut rest = &cands[..];
+    while !rest.is_empty() {
+        let mut ranges = 1;
+        let mut end = 1;
+        while end < rest.len() {
+            if rest[end] != rest[end - 1] + 1 {
+                if ranges == per_step {
+                    break;
+                }
+                ranges += 1;
+            }
+            end += 1;
+        }
+        evicted += evict_step(st, &rest[..end]);
+        rest = &rest[end..];
+    }
+    if evicted > 0 {
+        st.stats.record_evict(t0.elapsed().as_nanos() as u64);
+    }
+    evicted
+}
+
+/// Evict `cands` (sorted page numbers, taken from the policy), at most
+/// [`RANGES_PER_STEP`] ranges: lock, write back what changed, unmap, unlock.
+fn evict_step(st: &State, cands: &[usize]) -> usize {
     let mut victims = Vec::with_capacity(cands.len());
     let mut busy = Vec::new();
     let refusing = far_refusing(st);
-    for v in cands {
+    for &v in cands {
         let slot = table::slot(v);
         match slot.try_lock(0) {
             Ok(old) if refusing && old.is_present() && old.is_dirty() => {
@@ -297,7 +339,6 @@ pub(crate) fn evict_batch(st: &State, max: usize) -> usize {
     st.resident.fetch_sub(n, Ordering::AcqRel);
     add(&st.stats.c.pages_evicted, n as u64);
     add(&st.stats.c.clean_drops, clean);
-    st.stats.record_evict(t0.elapsed().as_nanos() as u64);
     n
 }
 

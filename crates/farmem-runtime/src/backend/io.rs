@@ -212,6 +212,12 @@ pub trait Backend: Send + Sync {
         let _ = release;
     }
 
+    /// Whether a request completes during its submission, with no round trip to wait for
+    /// (in-process tiers): many small write-backs then cost no more than one large one.
+    fn completes_inline(&self) -> bool {
+        false
+    }
+
     /// Backend-specific counters for the statistics (reconnections, resent requests...).
     fn counters(&self) -> Vec<(&'static str, u64)> {
         Vec::new()

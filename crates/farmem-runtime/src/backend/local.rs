@@ -146,6 +146,10 @@ impl Backend for LocalBackend {
         std::time::Duration::from_secs(60)
     }
 
+    fn completes_inline(&self) -> bool {
+        true
+    }
+
     fn stored_bytes(&self) -> u64 {
         self.bytes.load(Ordering::Relaxed)
     }
