@@ -134,6 +134,13 @@ fn tiny_suite_runs_every_workload_in_every_mode_and_leaves_nothing_behind() {
                 assert!(throughput > 0.0, "{r:?}");
                 let peak: u64 = r[9].parse().unwrap();
                 assert!(peak > 0, "{r:?}");
+                // Memory used: known for every run; under farmem at least the process's
+                // resident peak (a server's share comes on top).
+                let used: u64 = r[12].parse().unwrap();
+                assert!(used > 0, "{r:?}");
+                if !m.starts_with("swap") {
+                    assert!(used >= peak, "{r:?}");
+                }
             }
         }
     }
@@ -166,6 +173,7 @@ fn tiny_suite_runs_every_workload_in_every_mode_and_leaves_nothing_behind() {
         assert!(md.contains(&format!("| {w} | 50% |")), "{md}");
     }
     assert!(md.contains("farmem ÷ Linux swap"), "{md}");
+    assert!(md.contains("Memory used at the peak"), "{md}");
     for name in WORKLOADS.iter().copied().chain(["overview"]) {
         let svg = std::fs::read_to_string(out.path(&format!("{name}.svg"))).unwrap();
         let doc = roxmltree::Document::parse(&svg).unwrap_or_else(|e| panic!("{name}.svg: {e}"));

@@ -35,6 +35,10 @@ pub struct Measured {
     pub faults: u64,
     /// Bytes moved between local and far memory (or swap) in both directions.
     pub bytes_moved: u64,
+    /// Memory the run used at its peak, far copies included (0: not known): farmem, the
+    /// program's peak resident set (in-process far pages are in it) plus what a memory
+    /// server held for it; Linux, the cgroup's peak plus zram's peak memory use.
+    pub mem_used: u64,
     /// Mode-specific counters, for the JSON.
     pub detail: Value,
 }
@@ -87,7 +91,15 @@ impl Runner<'_> {
             Mode::Native => {
                 let mut cmd = command(job.argv);
                 let w = spawn_wait(&mut cmd, &stderr_log, self.timeout, job.client)?;
-                Ok(finish(&w, &stderr_log, w.ru.ru_majflt as u64, 0, json!({})))
+                let used = w.ru.ru_maxrss as u64 * 1024;
+                Ok(finish(
+                    &w,
+                    &stderr_log,
+                    w.ru.ru_majflt as u64,
+                    0,
+                    used,
+                    json!({}),
+                ))
             }
             Mode::SwapZram | Mode::SwapFile => self.run_swap(job, &stderr_log),
             _ => self.run_farmem(job, &stderr_log),
@@ -116,11 +128,13 @@ impl Runner<'_> {
         let pages = st.pages_swapped_in.unwrap_or(0) + st.pages_swapped_out.unwrap_or(0);
         let mut detail = st.to_json();
         detail["limit_bytes"] = json!(job.local + PROCESS_ALLOWANCE);
+        let used = st.peak_mem.unwrap_or(0) + st.zram_mem_used_max.unwrap_or(0);
         Ok(finish(
             &w,
             stderr_log,
             w.ru.ru_majflt as u64,
             pages * farmem_runtime::PAGE_SIZE as u64,
+            used,
             detail,
         ))
     }
@@ -173,11 +187,20 @@ impl Runner<'_> {
             "fetch_p50_ns": stats["stats"]["fetch_p50_ns"],
             "local_mem_bytes": job.local,
         });
+        // A server's share is memory this run used too; an embedded backend's far pages are
+        // in the process's resident set already.
+        let remote = if job.mode.over_tcp() {
+            count("backend_bytes")
+        } else {
+            0
+        };
+        let used = w.ru.ru_maxrss as u64 * 1024 + remote;
         Ok(finish(
             &w,
             stderr_log,
             count("unhinted_faults") + count("wp_faults"),
             count("bytes_read") + count("bytes_written"),
+            used,
             detail,
         ))
     }
@@ -289,7 +312,14 @@ fn wait_until(
 }
 
 /// The outcome of a run that ended: its report if it succeeded and printed one.
-fn finish(w: &Waited, stderr_log: &Path, faults: u64, bytes_moved: u64, detail: Value) -> Outcome {
+fn finish(
+    w: &Waited,
+    stderr_log: &Path,
+    faults: u64,
+    bytes_moved: u64,
+    mem_used: u64,
+    detail: Value,
+) -> Outcome {
     let tail = || {
         let s = std::fs::read_to_string(stderr_log).unwrap_or_default();
         let lines: Vec<&str> = s.lines().collect();
@@ -322,6 +352,7 @@ fn finish(w: &Waited, stderr_log: &Path, faults: u64, bytes_moved: u64, detail: 
             peak_rss: w.ru.ru_maxrss as u64 * 1024,
             faults,
             bytes_moved,
+            mem_used,
             detail,
         }),
         None => Outcome::Failed(format!(

@@ -562,6 +562,7 @@ mod tests {
             peak_rss: 1,
             faults: 0,
             bytes_moved: 0,
+            mem_used: 1,
             detail: json!({}),
         })
     }

@@ -60,6 +60,7 @@ impl RunRecord {
                 v["peak_rss_bytes"] = json!(m.peak_rss);
                 v["faults"] = json!(m.faults);
                 v["bytes_moved"] = json!(m.bytes_moved);
+                v["mem_used_bytes"] = json!(m.mem_used);
                 v["result"] = json!(m.result);
                 v["detail"] = m.detail.clone();
             }
@@ -71,7 +72,10 @@ impl RunRecord {
 }
 
 const RUNS_HEADER: &str = "workload,mode,local_pct,rep,status,ops,secs,throughput,wall_s,\
-                           peak_rss_bytes,faults,bytes_moved";
+                           peak_rss_bytes,faults,bytes_moved,mem_used_bytes";
+/// The header of suites from before `mem_used_bytes`: still read, memory used unknown.
+const RUNS_HEADER_V1: &str = "workload,mode,local_pct,rep,status,ops,secs,throughput,wall_s,\
+                              peak_rss_bytes,faults,bytes_moved";
 
 /// `runs.csv`, a line written (and flushed) as each run ends, so an interrupted suite keeps
 /// what it measured.
@@ -85,7 +89,7 @@ impl RunsCsv {
     }
 
     pub fn append(&mut self, r: &RunRecord) -> Result<()> {
-        let (ops, secs, wall, rss, faults, bytes) = match &r.outcome {
+        let (ops, secs, wall, rss, faults, bytes, used) = match &r.outcome {
             Outcome::Done(m) => (
                 m.ops.to_string(),
                 format!("{:.6}", m.secs),
@@ -93,6 +97,7 @@ impl RunsCsv {
                 m.peak_rss.to_string(),
                 m.faults.to_string(),
                 m.bytes_moved.to_string(),
+                m.mem_used.to_string(),
             ),
             Outcome::OomKilled { wall_s } => (
                 String::new(),
@@ -101,12 +106,13 @@ impl RunsCsv {
                 String::new(),
                 String::new(),
                 String::new(),
+                String::new(),
             ),
             Outcome::Failed(_) => Default::default(),
         };
         writeln!(
             self.0,
-            "{},{},{},{},{},{ops},{secs},{},{wall},{rss},{faults},{bytes}",
+            "{},{},{},{},{},{ops},{secs},{},{wall},{rss},{faults},{bytes},{used}",
             r.workload,
             r.mode,
             r.local_pct,
@@ -128,7 +134,8 @@ pub fn read_runs_csv(path: &Path) -> Result<Vec<RunRecord>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut lines: Vec<&str> = text.lines().collect();
-    if lines.first() != Some(&RUNS_HEADER) {
+    let v1 = lines.first() == Some(&RUNS_HEADER_V1);
+    if lines.first() != Some(&RUNS_HEADER) && !v1 {
         bail!(
             "{} is not a runs.csv of farmem bench suite (its first line is not {RUNS_HEADER:?})",
             path.display()
@@ -147,14 +154,15 @@ pub fn read_runs_csv(path: &Path) -> Result<Vec<RunRecord>> {
         .skip(1)
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {
-            parse_run(l).with_context(|| format!("{} line {}: {l:?}", path.display(), i + 1))
+            parse_run(l, v1).with_context(|| format!("{} line {}: {l:?}", path.display(), i + 1))
         })
         .collect()
 }
 
-fn parse_run(line: &str) -> Result<RunRecord> {
+fn parse_run(line: &str, v1: bool) -> Result<RunRecord> {
     use clap::ValueEnum;
-    let names: Vec<&str> = RUNS_HEADER.split(',').collect();
+    let header = if v1 { RUNS_HEADER_V1 } else { RUNS_HEADER };
+    let names: Vec<&str> = header.split(',').collect();
     let f: Vec<&str> = line.split(',').collect();
     if f.len() != names.len() {
         bail!("{} fields, expected {}", f.len(), names.len());
@@ -172,6 +180,7 @@ fn parse_run(line: &str) -> Result<RunRecord> {
             peak_rss: num(9)? as u64,
             faults: num(10)? as u64,
             bytes_moved: num(11)? as u64,
+            mem_used: if v1 { 0 } else { num(12)? as u64 },
             detail: Value::Null,
         }),
         "oom-killed" => Outcome::OomKilled { wall_s: num(8)? },
@@ -202,6 +211,8 @@ pub struct Point {
     pub peak_rss: Option<f64>,
     pub faults: Option<f64>,
     pub bytes_moved: Option<f64>,
+    /// Memory used at the peak (see `Measured::mem_used`); None when a run did not know it.
+    pub mem_used: Option<f64>,
     pub runs: usize,
 }
 
@@ -246,6 +257,10 @@ pub fn points(runs: &[RunRecord]) -> Vec<Point> {
                 peak_rss: med(rs, done(|m| m.peak_rss as f64)),
                 faults: med(rs, done(|m| m.faults as f64)),
                 bytes_moved: med(rs, done(|m| m.bytes_moved as f64)),
+                mem_used: med(rs, |r| match &r.outcome {
+                    Outcome::Done(m) if m.mem_used > 0 => Some(m.mem_used as f64),
+                    _ => None,
+                }),
                 runs: rs.len(),
             }
         })
@@ -261,13 +276,13 @@ fn med(rs: &[&RunRecord], f: impl Fn(&RunRecord) -> Option<f64>) -> Option<f64> 
 pub fn write_summary_csv(path: &Path, points: &[Point]) -> Result<()> {
     let mut s = String::from(
         "workload,mode,local_pct,status,throughput,normalized,wall_s,peak_rss_bytes,faults,\
-         bytes_moved,runs\n",
+         bytes_moved,mem_used_bytes,runs\n",
     );
     let f = |v: Option<f64>, prec: usize| v.map(|x| format!("{x:.prec$}")).unwrap_or_default();
     for p in points {
         let _ = writeln!(
             s,
-            "{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{}",
             p.workload,
             p.mode,
             p.local_pct,
@@ -278,6 +293,7 @@ pub fn write_summary_csv(path: &Path, points: &[Point]) -> Result<()> {
             f(p.peak_rss, 0),
             f(p.faults, 0),
             f(p.bytes_moved, 0),
+            f(p.mem_used, 0),
             p.runs
         );
     }
@@ -296,6 +312,7 @@ pub fn point_json(p: &Point) -> Value {
         "peak_rss_bytes": p.peak_rss,
         "faults": p.faults,
         "bytes_moved": p.bytes_moved,
+        "mem_used_bytes": p.mem_used,
         "runs": p.runs,
     })
 }
@@ -313,6 +330,19 @@ fn cell(p: Option<&Point>) -> String {
         None => "–".into(),
         Some(p) => match (p.status, p.normalized) {
             ("ok", Some(n)) => format!("{n:.3}"),
+            ("oom-killed", _) => "OOM".into(),
+            _ => "failed".into(),
+        },
+    }
+}
+
+/// A table cell: the median memory used, in MiB, or why there is none.
+fn used_cell(p: Option<&Point>) -> String {
+    match p {
+        None => "–".into(),
+        Some(p) => match (p.status, p.mem_used) {
+            ("ok", Some(b)) => format!("{:.0}", b / (1u64 << 20) as f64),
+            ("ok", None) => "?".into(),
             ("oom-killed", _) => "OOM".into(),
             _ => "failed".into(),
         },
@@ -379,6 +409,15 @@ pub fn markdown(
             |w, m, pct| ratio(points, w, m, pct),
         );
     }
+    table(
+        &mut s,
+        "Memory used at the peak, MiB (farmem: resident set with in-process far pages, plus a \
+         server's share; Linux: cgroup peak plus zram's memory)",
+        workloads,
+        pcts,
+        &other,
+        |w, m, pct| used_cell(find(points, w, m, pct)),
+    );
     s += "\n## Native reference\n\n| workload | data | native peak RSS | native throughput |\n|---|---|---|---|\n";
     for &(w, mib, peak) in workloads {
         let t = find(points, w, Mode::Native, 100)
@@ -449,6 +488,7 @@ mod tests {
                 peak_rss: 1 << 20,
                 faults: 10,
                 bytes_moved: 4096,
+                mem_used: 3 << 20,
                 detail: Value::Null,
             }),
         }
@@ -548,8 +588,8 @@ mod tests {
         }
         match (&written[1].outcome, &read[1].outcome) {
             (Outcome::Done(a), Outcome::Done(b)) => assert_eq!(
-                (a.ops, a.peak_rss, a.faults, a.bytes_moved),
-                (b.ops, b.peak_rss, b.faults, b.bytes_moved)
+                (a.ops, a.peak_rss, a.faults, a.bytes_moved, a.mem_used),
+                (b.ops, b.peak_rss, b.faults, b.bytes_moved, b.mem_used)
             ),
             o => panic!("{o:?}"),
         }
@@ -563,6 +603,17 @@ mod tests {
         assert!(e.contains("line 6"), "{e}");
         std::fs::write(&path, "workload,mode\n").unwrap();
         assert!(read_runs_csv(&path).is_err());
+        // A runs.csv from before memory used was recorded is still read, memory unknown.
+        std::fs::write(
+            &path,
+            format!(
+                "{RUNS_HEADER_V1}\nseqscan,farmem,50,0,ok,10,2.000000,5.0,2.100,1048576,10,4096\n"
+            ),
+        )
+        .unwrap();
+        let old = read_runs_csv(&path).unwrap();
+        let p = points(&old);
+        assert_eq!((p.len(), p[0].mem_used, p[0].faults), (1, None, Some(10.0)));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
