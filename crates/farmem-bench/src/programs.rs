@@ -313,7 +313,7 @@ fn run_swap(w: &Workload, limit: u64, peak: u64) -> Result<RunResult> {
     let out = base.run(cmd)?;
     let secs = t0.elapsed().as_secs_f64();
     let st = base.stats();
-    let mem_used = st.peak_mem.unwrap_or(0) + st.zram_mem_used_max.unwrap_or(0);
+    let mem_used = st.mem_used();
     base.close()?;
     // Linux swap cannot always run the program at this limit: the cgroup's OOM killer ends
     // it (directly, or the shell reports its child's SIGKILL as 137). That is a result.

@@ -176,22 +176,13 @@ pub(crate) fn evict_batch(st: &State, max: usize) -> usize {
     } else {
         usize::MAX
     };
+    let runs: Vec<&[usize]> = cands.chunk_by(|a, b| *b == a + 1).collect();
     let mut evicted = 0;
-    let mut rest = &cands[..];
-    while !rest.is_empty() {
-        let mut ranges = 1;
-        let mut end = 1;
-        while end < rest.len() {
-            if rest[end] != rest[end - 1] + 1 {
-                if ranges == per_step {
-                    break;
-                }
-                ranges += 1;
-            }
-            end += 1;
-        }
-        evicted += evict_step(st, &rest[..end]);
-        rest = &rest[end..];
+    let mut start = 0;
+    for step in runs.chunks(per_step) {
+        let len: usize = step.iter().map(|r| r.len()).sum();
+        evicted += evict_step(st, &cands[start..start + len]);
+        start += len;
     }
     if evicted > 0 {
         st.stats.record_evict(t0.elapsed().as_nanos() as u64);
@@ -235,7 +226,6 @@ fn evict_step(st: &State, cands: &[usize]) -> usize {
             p.reinsert(v);
         }
     }
-    victims.sort_unstable_by_key(|v| v.vpn);
     leave_foreign(st, &mut victims);
     if victims.is_empty() {
         return 0;

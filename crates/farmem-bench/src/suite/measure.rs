@@ -91,7 +91,7 @@ impl Runner<'_> {
             Mode::Native => {
                 let mut cmd = command(job.argv);
                 let w = spawn_wait(&mut cmd, &stderr_log, self.timeout, job.client)?;
-                let used = w.ru.ru_maxrss as u64 * 1024;
+                let used = w.peak_rss();
                 Ok(finish(
                     &w,
                     &stderr_log,
@@ -128,13 +128,12 @@ impl Runner<'_> {
         let pages = st.pages_swapped_in.unwrap_or(0) + st.pages_swapped_out.unwrap_or(0);
         let mut detail = st.to_json();
         detail["limit_bytes"] = json!(job.local + PROCESS_ALLOWANCE);
-        let used = st.peak_mem.unwrap_or(0) + st.zram_mem_used_max.unwrap_or(0);
         Ok(finish(
             &w,
             stderr_log,
             w.ru.ru_majflt as u64,
             pages * farmem_runtime::PAGE_SIZE as u64,
-            used,
+            st.mem_used(),
             detail,
         ))
     }
@@ -194,7 +193,7 @@ impl Runner<'_> {
         } else {
             0
         };
-        let used = w.ru.ru_maxrss as u64 * 1024 + remote;
+        let used = w.peak_rss() + remote;
         Ok(finish(
             &w,
             stderr_log,
@@ -222,6 +221,13 @@ struct Waited {
     timed_out: bool,
     /// How the load client ended, if there was one.
     client: Option<ExitStatus>,
+}
+
+impl Waited {
+    /// The program's peak resident set, in bytes (the kernel counts `ru_maxrss` in KiB).
+    fn peak_rss(&self) -> u64 {
+        self.ru.ru_maxrss as u64 * 1024
+    }
 }
 
 /// Starts `cmd` in a process group of its own (so a time-out, or Ctrl-C of the suite, ends
@@ -349,7 +355,7 @@ fn finish(
             ops,
             secs,
             wall_s: w.wall_s,
-            peak_rss: w.ru.ru_maxrss as u64 * 1024,
+            peak_rss: w.peak_rss(),
             faults,
             bytes_moved,
             mem_used,

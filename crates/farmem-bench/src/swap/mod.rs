@@ -105,6 +105,11 @@ impl SwapStats {
         pos(self.device_written) || pos(self.pages_swapped_out) || pos(self.peak_swap)
     }
 
+    /// Memory the run used at its peak: the cgroup's peak plus zram's own (0 if unknown).
+    pub fn mem_used(&self) -> u64 {
+        self.peak_mem.unwrap_or(0) + self.zram_mem_used_max.unwrap_or(0)
+    }
+
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
             "peak_mem": self.peak_mem,
