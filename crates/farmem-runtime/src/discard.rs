@@ -4,6 +4,7 @@
 
 use std::sync::atomic::Ordering;
 
+use farmem_proto::PageKey;
 use farmem_sys::mem::{PAGE_SHIFT, PAGE_SIZE};
 
 use crate::fetch::readahead;
@@ -17,7 +18,7 @@ use crate::stats::add;
 /// and how large the list of present pages grows.
 const STEP: usize = 4096;
 
-/// Discard `[first, end)` (virtual page numbers), which must lie inside live regions of
+/// Discard `[first, end)` (virtual page numbers), which must lie inside one live region of
 /// `st`. Returns the number of pages that were local.
 pub(crate) fn discard_pages(st: &State, first: usize, end: usize) -> usize {
     let _scope = RuntimeScope::enter();
@@ -30,6 +31,7 @@ pub(crate) fn discard_pages(st: &State, first: usize, end: usize) -> usize {
         let stop = (start + STEP).min(end);
         let mut locked = Vec::with_capacity(stop - start);
         let mut present: Vec<(usize, usize)> = Vec::new();
+        let mut far: Vec<usize> = Vec::new();
         for vpn in start..stop {
             // Wait for a fetch or eviction in progress: its owner finishes it and then the
             // page is ours to reset. Pages are locked in ascending order, like every other
@@ -38,6 +40,9 @@ pub(crate) fn discard_pages(st: &State, first: usize, end: usize) -> usize {
                 continue; // not registered
             };
             locked.push(vpn);
+            if old.has_far_copy() {
+                far.push(vpn);
+            }
             if old.is_present() {
                 let a = vpn << PAGE_SHIFT;
                 match present.last_mut() {
@@ -57,6 +62,8 @@ pub(crate) fn discard_pages(st: &State, first: usize, end: usize) -> usize {
                 }
             }
         }
+        // Their far copies are garbage now: a tier that can free them does.
+        forget_far_copies(st, &far);
         // Stale entries of these pages in the reclaim policy are dropped when reached (the
         // reclaimer forgets pages it finds absent), which is cheaper than searching for them.
         for vpn in locked {
@@ -70,4 +77,21 @@ pub(crate) fn discard_pages(st: &State, first: usize, end: usize) -> usize {
     }
     add(&st.stats.c.pages_discarded, (end - first) as u64);
     dropped
+}
+
+/// Tell the backend it may drop the far copies of `vpns` (locked by the caller, all in one
+/// region: callers discard region by region).
+fn forget_far_copies(st: &State, vpns: &[usize]) {
+    let Some(&first) = vpns.first() else { return };
+    let Some(reg) = st.region_of(first << PAGE_SHIFT) else {
+        return;
+    };
+    let keys: Vec<PageKey> = vpns
+        .iter()
+        .map(|&v| PageKey {
+            region: reg.id,
+            page: reg.index_of(v),
+        })
+        .collect();
+    st.backend.forget(&keys);
 }

@@ -52,7 +52,7 @@ mod watchdog;
 mod workingset;
 
 pub use backend::{BackendSpec, TcpSpec};
-pub use config::{Config, PolicyKind};
+pub use config::{Config, FarCopies, PolicyKind};
 pub use error::{Error, Result};
 pub use farmem_sys::mem::PAGE_SIZE;
 pub use hint::{hint, hint_ex, hint_slow, hint_write, FM_SEQ, FM_WRITE};

@@ -235,14 +235,16 @@ fn evict_step(st: &State, cands: &[usize]) -> usize {
     // Unverified ones (writable without write tracking) are looked at first, once stable:
     // equal to their far copy, or all zeros, they need no write-back.
     let mut kept_local: Vec<usize> = Vec::new();
-    let maybe_dirty: Vec<usize> = victims
-        .iter()
-        .filter(|v| v.old.is_dirty())
-        .map(|v| v.vpn)
-        .collect();
-    if !maybe_dirty.is_empty() {
+    let maybe_dirty = victims.iter().any(|v| v.old.is_dirty());
+    if maybe_dirty {
+        // Dirty pages installed write-protected (their far copy forgotten at the fetch) need
+        // no second protection.
+        let writable = victims
+            .iter()
+            .filter(|v| v.old.is_dirty() && v.old.is_writable())
+            .map(|v| v.vpn);
         let mut wp_failed = false;
-        for (start, len) in ranges_of(maybe_dirty.iter().copied()) {
+        for (start, len) in ranges_of(writable) {
             if let Err(e) = st.uffd.writeprotect(start, len, true) {
                 tracing::error!("write-protecting pages for eviction failed: {e}");
                 wp_failed = true;
@@ -370,12 +372,17 @@ fn verify(st: &State, victims: &mut [Victim]) {
         // unchanged until we unmap it, so reading 4 KiB from it is sound.
         let page =
             unsafe { std::slice::from_raw_parts((v.vpn * PAGE_SIZE) as *const u8, PAGE_SIZE) };
-        if v.old.has_far_copy() {
+        if v.old.has_far_copy() || v.old.ever_written() {
             v.digest = digest::of(page);
         }
-        if v.digest != 0 && v.digest == digest::stored(v.vpn) {
+        let same = v.digest != 0 && v.digest == digest::stored(v.vpn);
+        if same && v.old.has_far_copy() {
             v.old = v.old.found_unchanged();
             unchanged += 1;
+        } else if same {
+            // Its far copy was forgotten when it was fetched: written back all the same, but
+            // its next fetch need not expect writes.
+            v.old = v.old.found_unwritten();
         } else if digest::is_zero(page) {
             v.old = v.old.found_zero();
             zero += 1;

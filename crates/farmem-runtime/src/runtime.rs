@@ -14,7 +14,7 @@ use farmem_sys::uffd::{self, Uffd};
 use parking_lot::{Condvar, Mutex};
 
 use crate::backend::{self, BackendSpec};
-use crate::config::{Config, PolicyKind};
+use crate::config::{Config, FarCopies, PolicyKind};
 use crate::error::{Error, Result};
 use crate::page::table;
 use crate::regions::{RegionInfo, Regions};
@@ -102,7 +102,13 @@ impl Runtime {
         let io_timeout = cfg
             .io_timeout_s
             .map_or_else(|| backend.longest_wait(), Duration::from_secs_f64);
+        let far_copies = match cfg.far_copies {
+            Some(c) => c,
+            None if backend.frees_on_forget() => FarCopies::Drop,
+            None => FarCopies::Keep,
+        };
         let st = Arc::new(State {
+            far_copies,
             io_timeout,
             pid: std::process::id(),
             budget: cfg.budget_pages(),

@@ -14,7 +14,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::backend::io::Backend;
 use crate::book::Book;
-use crate::config::Config;
+use crate::config::{Config, FarCopies};
 use crate::fetch::batches::InFlightSet;
 use crate::policy::Policy;
 use crate::regions::{RegionInfo, Regions};
@@ -75,6 +75,8 @@ pub(crate) struct State {
     pub io_timeout: Duration,
     /// The process that started the runtime (a forked or vforked child is another).
     pub pid: u32,
+    /// Which far copies of local pages are kept ([`crate::Config::far_copies`]).
+    pub far_copies: FarCopies,
 }
 
 impl State {
@@ -129,7 +131,10 @@ impl State {
         let mut s = self.stats.snapshot();
         s.budget_bytes = (self.budget * PAGE_SIZE) as u64;
         s.resident_pages = self.resident.load(Ordering::Relaxed) as u64;
-        s.backend_bytes = self.backend.stored_bytes();
+        let far = self.backend.usage();
+        s.backend_bytes = far.stored_bytes;
+        s.far_pages = far.pages;
+        s.far_held_bytes = far.held_bytes;
         s.prefetch_inflight = self.inflight.len() as u64;
         s
     }

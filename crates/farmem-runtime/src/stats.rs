@@ -39,6 +39,10 @@ macro_rules! counters {
             pub evict_p50_ns: u64,
             pub evict_p99_ns: u64,
             pub evict_max_ns: u64,
+            /// Pages the far tier holds (0 when it does not count them).
+            pub far_pages: u64,
+            /// Memory the far tier holds for them: stored bytes with slack and bookkeeping.
+            pub far_held_bytes: u64,
         }
 
         impl Counters {
@@ -184,6 +188,8 @@ impl StatsSnapshot {
             ("evict_p50_ns", self.evict_p50_ns),
             ("evict_p99_ns", self.evict_p99_ns),
             ("evict_max_ns", self.evict_max_ns),
+            ("far_pages", self.far_pages),
+            ("far_held_bytes", self.far_held_bytes),
         ]);
         v
     }
@@ -216,6 +222,28 @@ impl StatsSnapshot {
     }
 }
 
+impl StatsSnapshot {
+    /// What the far tier holds against the pages' own size, in one line: `N pages (raw MiB)
+    /// in stored MiB (ratio), memory held MiB, saving MiB`.
+    pub fn far_store_line(&self) -> String {
+        let raw = self.far_pages * 4096;
+        let ratio = if self.backend_bytes > 0 {
+            raw as f64 / self.backend_bytes as f64
+        } else {
+            0.0
+        };
+        format!(
+            "{} pages ({:.1} MiB) kept in {:.1} MiB ({ratio:.2}:1), memory held {:.1} MiB, \
+             saving {:.1} MiB",
+            self.far_pages,
+            mib(raw),
+            mib(self.backend_bytes),
+            mib(self.far_held_bytes),
+            (raw as f64 - self.far_held_bytes as f64) / (1u64 << 20) as f64
+        )
+    }
+}
+
 fn mib(b: u64) -> f64 {
     b as f64 / (1u64 << 20) as f64
 }
@@ -236,6 +264,9 @@ impl fmt::Display for StatsSnapshot {
             mib(self.backend_bytes),
             self.prefetch_inflight
         )?;
+        if self.far_pages > 0 {
+            writeln!(f, "  far store           {}", self.far_store_line())?;
+        }
         for (name, v) in self.counters() {
             if name.ends_with("_ns_total") {
                 writeln!(f, "  {:<20}{:>12.3} s", "fetch time", v as f64 / 1e9)?;

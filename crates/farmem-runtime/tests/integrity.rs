@@ -1,9 +1,10 @@
 //! Integrity under churn (see `common/churn.rs`) on the embedded backends, with one and two
-//! fault threads.
+//! fault threads. The embedded stores forget a page's far copy when it is fetched
+//! (`FarCopies::Drop`); one run keeps only clean copies, one every copy, as remote tiers do.
 
 use farmem_runtime::testing::churn::{churn, BUDGET};
 use farmem_runtime::testing::*;
-use farmem_runtime::{BackendSpec, Config, PolicyKind, Runtime};
+use farmem_runtime::{BackendSpec, Config, FarCopies, PolicyKind, Runtime};
 
 #[test]
 fn random_records_under_churn() {
@@ -20,6 +21,31 @@ fn random_records_under_churn_lz4() {
     })
     .unwrap();
     assert_eq!(rt.backend_name(), "local+lz4");
+    churn(rt);
+}
+
+#[test]
+fn random_records_under_churn_keeping_far_copies() {
+    let rt = Runtime::new(Config {
+        local_mem: BUDGET as u64,
+        backend: BackendSpec::Local { lz4: true },
+        evict_batch: 16,
+        far_copies: Some(FarCopies::Keep),
+        ..Config::default()
+    })
+    .unwrap();
+    churn(rt);
+}
+
+#[test]
+fn random_records_under_churn_keeping_clean_copies() {
+    let rt = Runtime::new(Config {
+        local_mem: BUDGET as u64,
+        evict_batch: 16,
+        far_copies: Some(FarCopies::Clean),
+        ..Config::default()
+    })
+    .unwrap();
     churn(rt);
 }
 

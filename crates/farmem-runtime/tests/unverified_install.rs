@@ -2,14 +2,30 @@
 //! stay, or zero fills): their writes cost no fault, and eviction decides by their contents
 //! whether they changed. No write may be lost that way, no unchanged page is written back,
 //! and a page written to zeros is never mistaken for one that needs its old far copy.
+//!
+//! Far copies are kept here (as a remote tier keeps them): an embedded store forgets the copy
+//! of a page installed writable, so there would be nothing to compare with.
 
 use farmem_runtime::testing::*;
-use farmem_runtime::{Region, Runtime, PAGE_SIZE};
+use farmem_runtime::{Config, FarCopies, Region, Runtime, PAGE_SIZE};
 
 const N: usize = 64;
 
+/// A runtime on the embedded backend that keeps the far copies of fetched pages; no fault
+/// read-ahead, so counts are exact.
+fn keeping_copies(local_mem: u64) -> Runtime {
+    Runtime::new(Config {
+        local_mem,
+        evict_batch: 16,
+        fault_readahead: 0,
+        far_copies: Some(FarCopies::Keep),
+        ..Config::default()
+    })
+    .expect("a runtime (needs userfaultfd)")
+}
+
 fn fixture() -> (Runtime, Region, Pressure) {
-    let rt = runtime(2 << 20, 16, 0); // 512 pages; no fault read-ahead: counts are exact
+    let rt = keeping_copies(2 << 20); // 512 pages
     let r = rt.create_region(N * PAGE_SIZE).unwrap();
     let pressure = Pressure::new(&rt, 2048);
     (rt, r, pressure)
@@ -144,7 +160,7 @@ fn zero_fills_written_to_zeros_or_left_alone_come_back_as_zeros_and_others_exact
 /// the budget forces constant eviction: each page must end with its last value.
 #[test]
 fn threads_writing_unverified_pages_under_heavy_eviction_lose_nothing() {
-    let rt = runtime(1 << 20, 16, 0); // 256 pages for 4 x 256 pages
+    let rt = keeping_copies(1 << 20); // 256 pages for 4 x 256 pages
     const PAGES: usize = 256;
     let regions: Vec<Region> = (0..4)
         .map(|_| rt.create_region(PAGES * PAGE_SIZE).unwrap())

@@ -134,6 +134,20 @@ impl Report {
             mib(pages("peak_resident_pages") * 4096),
             mib(self.peak_rss)
         );
+        let far = pages("far_pages");
+        if far > 0 {
+            let (stored, held) = (pages("backend_bytes"), pages("far_held_bytes"));
+            let _ = writeln!(
+                o,
+                "  far store at the end   {:>10.1} MiB of pages kept in {:.1} MiB ({:.2}:1), \
+                 memory held {:.1} MiB: {:.1} MiB saved",
+                mib(far * 4096),
+                mib(stored),
+                (far * 4096) as f64 / stored.max(1) as f64,
+                mib(held),
+                mib(far * 4096) - mib(held)
+            );
+        }
         let _ = writeln!(
             o,
             "  faults                 {:>10} unhinted  {} hinted (hints that fetched)",

@@ -162,6 +162,17 @@ impl Completer {
     }
 }
 
+/// What a far tier holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FarUsage {
+    /// Pages stored (0 when the tier does not count them).
+    pub pages: u64,
+    /// Bytes of the stored pages as kept (after compression).
+    pub stored_bytes: u64,
+    /// Memory the tier holds for them: the stored bytes with their slack and bookkeeping.
+    pub held_bytes: u64,
+}
+
 /// Where far pages live. Implementations must be safe to call from many threads at once.
 pub trait Backend: Send + Sync {
     /// Human-readable description (`local`, `local+lz4`, `tcp://host:port`).
@@ -195,8 +206,31 @@ pub trait Backend: Send + Sync {
     /// is durable in the backend (the runtime may drop its local copies).
     fn submit_write(&self, class: IoClass, keys: Vec<PageKey>, buf: PageBuf) -> Completion;
 
+    /// The backend no longer needs to hold these pages: their contents were discarded, or
+    /// the runtime took them back and will write them again before it drops them. Pages it
+    /// does not hold are ignored. Tiers that cannot free single pages may keep them.
+    fn forget(&self, keys: &[PageKey]) {
+        let _ = keys;
+    }
+
+    /// Whether [`Backend::forget`] frees memory: the runtime then forgets the far copy of a
+    /// page as soon as it is fetched back (an exclusive cache, as zswap does), so that no
+    /// page is held twice, at the price of writing it back at its next eviction.
+    fn frees_on_forget(&self) -> bool {
+        false
+    }
+
     /// Bytes the backend uses to hold the pages (after compression, if any).
     fn stored_bytes(&self) -> u64;
+
+    /// What the far tier holds for this runtime, and what that costs in memory.
+    fn usage(&self) -> FarUsage {
+        FarUsage {
+            pages: 0,
+            stored_bytes: self.stored_bytes(),
+            held_bytes: self.stored_bytes(),
+        }
+    }
 
     /// How long a request may take, at the most, when all is well: with a network backend,
     /// reconnecting to a lost server and sending the request again included. Waiting longer

@@ -2,8 +2,8 @@
 //! optionally LZ4-compressed. Zero set-up, and the fastest tier there is, so benchmarks on it
 //! show the runtime's own overheads.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -11,36 +11,48 @@ use farmem_proto::{IoClass, PageKey};
 use farmem_sys::mem::PAGE_SIZE;
 
 use super::error::BackendError;
-use super::io::{Backend, Completion, IoDone, PageBuf};
+use super::io::{Backend, Completion, FarUsage, IoDone, PageBuf};
+use super::slabs::{Slabs, Slot, GRAIN};
 
 const SHARDS: usize = 64;
 
-enum Stored {
-    Raw(Box<[u8]>),
-    Lz4(Box<[u8]>),
+/// Where a stored page is, and how to read it back.
+#[derive(Clone, Copy)]
+struct Stored {
+    slot: Slot,
+    /// Compressed length, or 0 for a page kept raw (it did not compress below a page).
+    lz4_len: u16,
 }
 
-impl Stored {
-    fn size(&self) -> usize {
-        match self {
-            Stored::Raw(b) | Stored::Lz4(b) => b.len(),
-        }
-    }
+/// Bytes of bookkeeping per stored page (its index entry, with the hash table's slack).
+const INDEX_BYTES_PER_PAGE: u64 = 48;
+
+thread_local! {
+    /// Compression output, reused: a page compresses here before its slot is known.
+    static SCRATCH: RefCell<Vec<u8>> = RefCell::new(
+        vec![0; lz4_flex::block::get_maximum_output_size(PAGE_SIZE)]);
 }
 
 pub struct LocalBackend {
     lz4: bool,
     shards: Vec<Mutex<HashMap<(u32, u64), Stored>>>,
-    bytes: AtomicU64,
+    slabs: Slabs,
 }
 
 impl LocalBackend {
-    pub fn new(lz4: bool) -> LocalBackend {
-        LocalBackend {
+    /// A store that may hold up to `max_bytes` of memory (blocks, after compression).
+    pub fn new(lz4: bool, max_bytes: usize) -> Result<LocalBackend, BackendError> {
+        let slabs = Slabs::new(max_bytes).map_err(|e| {
+            BackendError::Failed(format!(
+                "reserving {} MiB of address space for far pages: {e}",
+                max_bytes >> 20
+            ))
+        })?;
+        Ok(LocalBackend {
             lz4,
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            bytes: AtomicU64::new(0),
-        }
+            slabs,
+        })
     }
 
     fn shard(&self, k: PageKey) -> &Mutex<HashMap<(u32, u64), Stored>> {
@@ -49,40 +61,67 @@ impl LocalBackend {
         &self.shards[(h >> 58) as usize % SHARDS]
     }
 
-    fn encode(&self, page: &[u8]) -> Stored {
+    /// Store one page: compressed if that saves at least a size class, else raw.
+    fn store(&self, page: &[u8]) -> Result<Stored, BackendError> {
+        let full = || {
+            BackendError::Full(format!(
+                "the in-process far store holds {} MiB, its most",
+                self.slabs.held_bytes() >> 20
+            ))
+        };
         if self.lz4 {
-            let c = lz4_flex::block::compress(page);
-            if c.len() < PAGE_SIZE {
-                return Stored::Lz4(c.into_boxed_slice());
+            let got = SCRATCH.with(|s| {
+                let mut s = s.borrow_mut();
+                let n = lz4_flex::block::compress_into(page, &mut s[..]).ok()?;
+                if n.next_multiple_of(GRAIN) >= PAGE_SIZE {
+                    return None;
+                }
+                let slot = self.slabs.alloc(n);
+                if let Some(slot) = slot {
+                    // SAFETY: a fresh slot of at least `n` bytes, ours alone.
+                    unsafe { self.slabs.fill(slot, &s[..n]) };
+                }
+                Some(slot.map(|slot| Stored {
+                    slot,
+                    lz4_len: n as u16,
+                }))
+            });
+            if let Some(r) = got {
+                return r.ok_or_else(full);
             }
         }
-        Stored::Raw(page.to_vec().into_boxed_slice())
+        let slot = self.slabs.alloc(PAGE_SIZE).ok_or_else(full)?;
+        // SAFETY: a fresh page-sized slot, ours alone.
+        unsafe { self.slabs.fill(slot, page) };
+        Ok(Stored { slot, lz4_len: 0 })
     }
 
     fn read_into(&self, k: PageKey, out: &mut [u8]) -> Result<(), BackendError> {
         let shard = self.shard(k).lock();
-        match shard.get(&(k.region, k.page)) {
-            Some(Stored::Raw(b)) => out.copy_from_slice(b),
-            Some(Stored::Lz4(c)) => {
-                let n = lz4_flex::block::decompress_into(c, out).map_err(|e| {
-                    BackendError::Failed(format!(
-                        "corrupt compressed page {} of region {}: {e}",
-                        k.page, k.region
-                    ))
-                })?;
-                if n != PAGE_SIZE {
-                    return Err(BackendError::Failed(format!(
-                        "compressed page {} of region {} decodes to {n} bytes",
-                        k.page, k.region
-                    )));
-                }
-            }
-            None => {
-                return Err(BackendError::Failed(format!(
-                    "page {} of region {} is not stored",
-                    k.page, k.region
-                )))
-            }
+        let Some(&s) = shard.get(&(k.region, k.page)) else {
+            return Err(BackendError::Failed(format!(
+                "page {} of region {} is not stored",
+                k.page, k.region
+            )));
+        };
+        if s.lz4_len == 0 {
+            // SAFETY: the slot is live while its entry is in the shard, whose lock we hold.
+            out.copy_from_slice(unsafe { self.slabs.bytes(s.slot, PAGE_SIZE) });
+            return Ok(());
+        }
+        // SAFETY: as above.
+        let c = unsafe { self.slabs.bytes(s.slot, s.lz4_len as usize) };
+        let n = lz4_flex::block::decompress_into(c, out).map_err(|e| {
+            BackendError::Failed(format!(
+                "corrupt compressed page {} of region {}: {e}",
+                k.page, k.region
+            ))
+        })?;
+        if n != PAGE_SIZE {
+            return Err(BackendError::Failed(format!(
+                "compressed page {} of region {} decodes to {n} bytes",
+                k.page, k.region
+            )));
         }
         Ok(())
     }
@@ -99,16 +138,14 @@ impl Backend for LocalBackend {
 
     fn close_region(&self, region: u32) {
         for s in &self.shards {
-            let mut freed = 0u64;
             s.lock().retain(|&(r, _), v| {
                 if r == region {
-                    freed += v.size() as u64;
+                    self.slabs.free(v.slot);
                     false
                 } else {
                     true
                 }
             });
-            self.bytes.fetch_sub(freed, Ordering::Relaxed);
         }
     }
 
@@ -131,14 +168,29 @@ impl Backend for LocalBackend {
             ))));
         }
         for (i, &k) in keys.iter().enumerate() {
-            let v = self.encode(buf.page(i));
-            let add = v.size() as u64;
+            let v = match self.store(buf.page(i)) {
+                Ok(v) => v,
+                Err(e) => return Completion::ready(Err(e)),
+            };
             let old = self.shard(k).lock().insert((k.region, k.page), v);
-            let sub = old.map_or(0, |o| o.size() as u64);
-            self.bytes.fetch_add(add, Ordering::Relaxed);
-            self.bytes.fetch_sub(sub, Ordering::Relaxed);
+            if let Some(o) = old {
+                self.slabs.free(o.slot);
+            }
         }
         Completion::ready(Ok(IoDone { keys, buf }))
+    }
+
+    fn forget(&self, keys: &[PageKey]) {
+        for &k in keys {
+            let old = self.shard(k).lock().remove(&(k.region, k.page));
+            if let Some(o) = old {
+                self.slabs.free(o.slot);
+            }
+        }
+    }
+
+    fn frees_on_forget(&self) -> bool {
+        true
     }
 
     fn longest_wait(&self) -> std::time::Duration {
@@ -151,7 +203,16 @@ impl Backend for LocalBackend {
     }
 
     fn stored_bytes(&self) -> u64 {
-        self.bytes.load(Ordering::Relaxed)
+        self.slabs.slot_bytes()
+    }
+
+    fn usage(&self) -> FarUsage {
+        let pages: u64 = self.shards.iter().map(|s| s.lock().len() as u64).sum();
+        FarUsage {
+            pages,
+            stored_bytes: self.slabs.slot_bytes(),
+            held_bytes: self.slabs.held_bytes() + pages * INDEX_BYTES_PER_PAGE,
+        }
     }
 }
 
@@ -160,7 +221,7 @@ mod tests {
     use super::*;
 
     fn roundtrip(lz4: bool) {
-        let b = LocalBackend::new(lz4);
+        let b = LocalBackend::new(lz4, 64 << 20).unwrap();
         let keys: Vec<PageKey> = (0..4).map(|p| PageKey { region: 7, page: p }).collect();
         let mut buf = PageBuf::new(4);
         buf.set_len(4);

@@ -9,6 +9,7 @@
 pub(crate) mod error;
 pub(crate) mod io;
 pub(crate) mod local;
+pub(crate) mod slabs;
 pub(crate) mod spec;
 pub mod tcp;
 
@@ -16,13 +17,19 @@ use std::sync::Arc;
 
 pub use error::BackendError;
 pub use farmem_proto::{IoClass, PageKey};
-pub use io::{Backend, Completer, Completion, IoDone, PageBuf};
+pub use io::{Backend, Completer, Completion, FarUsage, IoDone, PageBuf};
 pub use spec::{BackendSpec, TcpSpec};
 
 /// Build (and for remote backends, connect) the backend a configuration names.
 pub fn from_spec(spec: &BackendSpec) -> Result<Arc<dyn Backend>, BackendError> {
     Ok(match spec {
-        BackendSpec::Local { lz4 } => Arc::new(local::LocalBackend::new(*lz4)),
+        BackendSpec::Local { lz4 } => Arc::new(local::LocalBackend::new(*lz4, local_store_cap())?),
         BackendSpec::Tcp(t) => Arc::new(tcp::TcpBackend::connect(t.clone())?),
     })
+}
+
+/// The most memory an in-process store may hold: the machine's memory (far pages kept in
+/// this process can never outgrow it; beyond it they stay local and the pressure shows).
+fn local_store_cap() -> usize {
+    (farmem_sys::mem::physical_memory() as usize).max(1 << 30)
 }

@@ -4,13 +4,14 @@
 use std::cell::RefCell;
 use std::time::Instant;
 
-use farmem_proto::IoClass;
+use farmem_proto::{IoClass, PageKey};
 use farmem_sys::mem::PAGE_SIZE;
 
 use super::phases::{self, give_buf, prefetch_deadline, take_buf, DEMAND_CHUNK};
 use super::readahead;
 use super::request::{Locked, Mode, Outcome, Request};
 use crate::backend::io::PageBuf;
+use crate::config::FarCopies;
 use crate::error::{Error, Result};
 use crate::page::table;
 use crate::reclaim;
@@ -82,6 +83,14 @@ pub(crate) fn ensure(st: &State, reg: &RegionInfo, req: &Request) -> Result<Outc
                     return Err(Error::sys("lifting write protection", e));
                 }
                 new = old.unprotected();
+                if old.has_far_copy() && st.far_copies != FarCopies::Keep {
+                    // Its far copy is outdated from this write on: free it now.
+                    st.backend.forget(&[PageKey {
+                        region: reg.id,
+                        page: reg.index_of(vpn),
+                    }]);
+                    new = new.far_copy_taken();
+                }
                 out.unprotected += 1;
             }
             slot.unlock(new);

@@ -14,6 +14,7 @@ use farmem_sys::uffd;
 use super::request::{InFlight, Locked, Mode, Request};
 use crate::backend::error::BackendError;
 use crate::backend::io::{Completion, PageBuf};
+use crate::config::FarCopies;
 use crate::error::{Error, Result};
 use crate::page::table;
 use crate::page::word::{Access, Hotness};
@@ -152,6 +153,16 @@ fn access_for(st: &State, l: &Locked) -> Access {
     }
 }
 
+/// Whether a page installed `writable` (written, or likely to be) loses its far copy at the
+/// install under `copies`.
+fn forgets_copy_at_install(copies: FarCopies, writable: bool) -> bool {
+    match copies {
+        FarCopies::Keep => false,
+        FarCopies::Clean => writable,
+        FarCopies::Drop => true,
+    }
+}
+
 /// Wait for a class's read (if any) and install its pages (ascending vpn order) run by run;
 /// the receive buffer goes back through `recycle`.
 pub(crate) fn install_phase(
@@ -245,6 +256,20 @@ pub(crate) fn install_phase(
         if let Some(s) = scratch {
             give_buf(&SCRATCH, s);
         }
+        // Far copies that are not worth keeping are forgotten now, under the page locks (no
+        // one reads them meanwhile), so that no page is held both here and there for nothing.
+        let taken = remote > 0 && forgets_copy_at_install(st.far_copies, writable);
+        if taken {
+            let keys: Vec<PageKey> = run
+                .iter()
+                .filter(|l| l.old.has_far_copy())
+                .map(|l| PageKey {
+                    region: reg.id,
+                    page: reg.index_of(l.vpn),
+                })
+                .collect();
+            st.backend.forget(&keys);
+        }
         for l in run {
             let hotness = if req.mode == Mode::Fault {
                 let (h, recent) = st.workingset.at_fault_install(l.old);
@@ -255,7 +280,11 @@ pub(crate) fn install_phase(
             } else {
                 Hotness::Used
             };
-            table::slot(l.vpn).unlock(l.old.installed(access_for(st, l), req.prio, hotness));
+            let mut new = l.old.installed(access_for(st, l), req.prio, hotness);
+            if taken && l.old.has_far_copy() {
+                new = new.far_copy_taken();
+            }
+            table::slot(l.vpn).unlock(new);
         }
         i = j;
     }

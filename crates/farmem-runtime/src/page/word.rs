@@ -277,6 +277,13 @@ impl PageWord {
         PageWord(new | (((prio as u64) << PRIO_SHIFT) & PRIO_MASK))
     }
 
+    /// Just installed from its far copy, which the backend is told to forget (an exclusive
+    /// tier): dirty, so that its next eviction writes it back whatever its protection.
+    #[inline]
+    pub(crate) fn far_copy_taken(self) -> PageWord {
+        PageWord((self.0 & !REMOTE) | DIRTY | EVER_WRITTEN)
+    }
+
     /// present, write-protected → present, writable and dirty (its first write).
     #[inline]
     pub(crate) fn unprotected(self) -> PageWord {
@@ -308,6 +315,14 @@ impl PageWord {
         PageWord(self.0 & !(DIRTY | UNVERIFIED | WROTE_LAST))
     }
 
+    /// evicting, unverified, its far copy forgotten at the fetch → evicting, dirty (it must
+    /// be written back all the same) but known unwritten: its contents equal what was last
+    /// written back, and it is write-protected by now.
+    #[inline]
+    pub(crate) fn found_unwritten(self) -> PageWord {
+        PageWord((self.0 & !(UNVERIFIED | WROTE_LAST)) | NOWRITE)
+    }
+
     /// evicting, unverified → evicting and fresh: it holds only zeros, which is what a
     /// page with no contents reads as; no far copy is needed (any old one is forgotten).
     #[inline]
@@ -323,10 +338,15 @@ impl PageWord {
     pub(crate) fn evicted(self, stamp: u64) -> PageWord {
         let gone = DIRTY | UNVERIFIED | IDLE | EVICTING | PRIO_MASK | SHADOW_MASK | CREDIT_MASK;
         let mut new = (self.0 & !gone) | ABSENT | NOWRITE | ((stamp << SHADOW_SHIFT) & SHADOW_MASK);
+        // Written during this stay: dirty and mapped writable when the eviction locked it (a
+        // page installed write-protected becomes writable at its first write). A dirty page
+        // still protected was only read: its far copy was forgotten when it was fetched.
+        new &= !WROTE_LAST;
         if self.is_dirty() {
-            new |= REMOTE | EVER_WRITTEN | WROTE_LAST;
-        } else {
-            new &= !WROTE_LAST;
+            new |= REMOTE | EVER_WRITTEN;
+            if self.is_writable() {
+                new |= WROTE_LAST;
+            }
         }
         PageWord(new)
     }
@@ -424,6 +444,39 @@ mod tests {
         let same = back.evicting().found_unchanged().evicted(3);
         assert!(same.has_far_copy() && same.ever_written() && !same.wrote_last());
         assert!(!same.is_dirty());
+    }
+
+    /// An exclusive tier forgets the far copy at the fetch: the page is dirty whatever its
+    /// protection, written back at its eviction, and remembered as written only if it was.
+    #[test]
+    fn a_page_whose_far_copy_is_taken_is_written_back_and_keeps_its_write_history() {
+        let far = PageWord::FRESH
+            .installed(Access::Written, 0, Hotness::Used)
+            .evicting()
+            .evicted(1);
+        assert!(far.has_far_copy() && far.wrote_last());
+        let read = far
+            .installed(Access::Protected, 0, Hotness::Used)
+            .far_copy_taken();
+        assert!(!read.has_far_copy() && read.is_dirty() && read.ever_written());
+        assert!(
+            !read.is_writable(),
+            "still write-protected: a write is noticed"
+        );
+        let again = read.evicting().evicted(2);
+        assert!(again.has_far_copy() && again.is_far(), "written back");
+        assert!(!again.wrote_last(), "only read during its stay");
+        let written = read.unprotected().evicting().evicted(3);
+        assert!(written.has_far_copy() && written.wrote_last());
+        let unverified = written
+            .installed(Access::Unverified, 0, Hotness::Used)
+            .far_copy_taken();
+        let same = unverified.evicting().found_unwritten();
+        assert!(same.is_dirty() && !same.is_unverified());
+        let back = same.evicted(4);
+        assert!(back.has_far_copy() && !back.wrote_last());
+        let changed = unverified.evicting().evicted(5);
+        assert!(changed.has_far_copy() && changed.wrote_last());
     }
 
     #[test]

@@ -1,0 +1,178 @@
+//! The in-process far store holds no page for nothing and frees what the program frees: by
+//! default a page leaves it when fetched (`FarCopies::Drop`), with `Clean` only an outdated
+//! copy is forgotten, and a discarded page's copy always is; the memory the store holds is
+//! counted. Contents are checked throughout, under each choice of copies.
+
+use farmem_runtime::testing::*;
+use farmem_runtime::{BackendSpec, Config, FarCopies, Runtime, PAGE_SIZE};
+
+const PAGES: usize = 4096; // 16 MiB
+const BUDGET: u64 = 2 << 20;
+
+fn start(lz4: bool, copies: Option<FarCopies>) -> Runtime {
+    Runtime::new(Config {
+        local_mem: BUDGET,
+        backend: BackendSpec::Local { lz4 },
+        evict_batch: 32,
+        far_copies: copies,
+        ..Config::default()
+    })
+    .expect("a runtime (needs userfaultfd)")
+}
+
+/// Half of each page from the pattern, half zeros: compressible, never all zeros.
+fn content(salt: u64, page: usize, w: usize) -> u64 {
+    if w % 2 == 0 {
+        pattern(salt, page, w)
+    } else {
+        0
+    }
+}
+
+fn check_all(r: &farmem_runtime::Region, salt: u64) {
+    for p in 0..PAGES {
+        if let Some((w, got, want)) = page_mismatch(r, p, |w| content(salt, p, w)) {
+            panic!("page {p} word {w}: read {got:#x}, wrote {want:#x}");
+        }
+    }
+}
+
+/// The statistics once the control thread has stopped evicting ahead (an eviction in
+/// flight has stored pages that are still counted resident).
+fn quiet(rt: &Runtime) -> farmem_runtime::StatsSnapshot {
+    let mut last = rt.stats();
+    for _ in 0..100 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let s = rt.stats();
+        if (s.resident_pages, s.far_pages, s.pages_evicted)
+            == (last.resident_pages, last.far_pages, last.pages_evicted)
+        {
+            return s;
+        }
+        last = s;
+    }
+    panic!("the runtime never stopped evicting: {last}");
+}
+
+/// Write every page, read every page back twice (each pass evicts most of them again), and
+/// count what the store holds against what is far.
+fn write_and_reread(rt: &Runtime) -> farmem_runtime::Region {
+    let r = rt.create_region(PAGES * PAGE_SIZE).unwrap();
+    for p in 0..PAGES {
+        fill_page(&r, p, |w| content(1, p, w));
+    }
+    check_all(&r, 1);
+    check_all(&r, 1);
+    r
+}
+
+#[test]
+fn by_default_the_store_holds_each_page_once() {
+    let rt = start(true, None);
+    let r = write_and_reread(&rt);
+    let s = quiet(&rt);
+    assert!(s.pages_written_back > 0 && s.pages_fetched > 0, "{s}");
+    // Every page was written (none is all zeros): each is either local or far, never both.
+    assert_eq!(
+        s.far_pages + s.resident_pages,
+        PAGES as u64,
+        "each page is held once: {} far + {} resident",
+        s.far_pages,
+        s.resident_pages
+    );
+    assert_eq!(
+        s.clean_drops, 0,
+        "no far copy is kept to drop a clean page against"
+    );
+    // Compressed (half the words are zeros: about 1.5:1 with lz4), held with little slack.
+    let raw = s.far_pages * PAGE_SIZE as u64;
+    assert!(
+        s.backend_bytes < raw * 3 / 4,
+        "stored {} for {raw}",
+        s.backend_bytes
+    );
+    assert!(
+        s.far_held_bytes < s.backend_bytes + s.backend_bytes / 4 + (4 << 20),
+        "held {} for {} stored",
+        s.far_held_bytes,
+        s.backend_bytes
+    );
+    // Discarding every page frees the store.
+    rt.discard(r.as_ptr() as usize, r.len());
+    let s = rt.stats();
+    assert_eq!(s.far_pages, 0, "discarded pages are forgotten by the store");
+    assert_eq!(s.backend_bytes, 0);
+    for p in (0..PAGES).step_by(97) {
+        assert_eq!(
+            page_mismatch(&r, p, |_| 0),
+            None,
+            "discarded page {p} reads zeros"
+        );
+    }
+}
+
+#[test]
+fn a_store_keeping_far_copies_reads_right_and_drops_clean_pages() {
+    let rt = start(true, Some(FarCopies::Keep));
+    let _r = write_and_reread(&rt);
+    let s = quiet(&rt);
+    assert!(
+        s.clean_drops > 0,
+        "clean pages are dropped against their copies: {s}"
+    );
+    assert!(
+        s.far_pages + s.resident_pages > PAGES as u64,
+        "pages fetched back keep their copies: {} far + {} resident",
+        s.far_pages,
+        s.resident_pages
+    );
+}
+
+#[test]
+fn clean_copies_stay_until_written_and_rewrites_read_right() {
+    let rt = start(false, Some(FarCopies::Clean));
+    let r = write_and_reread(&rt);
+    let s = quiet(&rt);
+    assert!(
+        s.far_pages + s.resident_pages > PAGES as u64,
+        "pages only read since their fetch keep their copies: {s}"
+    );
+    assert!(s.clean_drops > 0, "and are dropped without a write: {s}");
+    // A write outdates the copy: writing the local pages (their own contents again: each
+    // store is a write-protect fault) leaves no page held twice.
+    let local: Vec<usize> = (0..PAGES)
+        .filter(|&p| r.is_resident(p * PAGE_SIZE))
+        .collect();
+    for &p in &local {
+        wr_at(&r, p * PAGE_SIZE, rd_at(&r, p * PAGE_SIZE));
+    }
+    let s2 = quiet(&rt);
+    assert!(s2.wp_faults > s.wp_faults, "the writes were noticed: {s2}");
+    assert_eq!(
+        s2.far_pages + s2.resident_pages,
+        PAGES as u64,
+        "written pages keep no far copy: {} local pages written, {s2}",
+        local.len()
+    );
+    // Rewrite every page (two kinds of new contents), then check everything again.
+    let salt = |p: usize| if p % 2 == 0 { 2 } else { 3 };
+    for p in 0..PAGES {
+        fill_page(&r, p, |w| content(salt(p), p, w));
+    }
+    for p in 0..PAGES {
+        if let Some((w, got, want)) = page_mismatch(&r, p, |w| content(salt(p), p, w)) {
+            panic!("page {p} word {w}: read {got:#x}, wrote {want:#x}");
+        }
+    }
+    let s = quiet(&rt);
+    assert_eq!(
+        s.far_pages + s.resident_pages,
+        PAGES as u64,
+        "every page was written since its fetch: no copy is left of the local ones: {s}"
+    );
+    assert_eq!(
+        s.backend_bytes,
+        s.far_pages * PAGE_SIZE as u64,
+        "raw pages take one page each"
+    );
+}
