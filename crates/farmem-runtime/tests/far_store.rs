@@ -22,7 +22,7 @@ fn start(lz4: bool, copies: Option<FarCopies>) -> Runtime {
 
 /// Half of each page from the pattern, half zeros: compressible, never all zeros.
 fn content(salt: u64, page: usize, w: usize) -> u64 {
-    if w % 2 == 0 {
+    if w.is_multiple_of(2) {
         pattern(salt, page, w)
     } else {
         0
@@ -155,7 +155,7 @@ fn clean_copies_stay_until_written_and_rewrites_read_right() {
         local.len()
     );
     // Rewrite every page (two kinds of new contents), then check everything again.
-    let salt = |p: usize| if p % 2 == 0 { 2 } else { 3 };
+    let salt = |p: usize| if p.is_multiple_of(2) { 2 } else { 3 };
     for p in 0..PAGES {
         fill_page(&r, p, |w| content(salt(p), p, w));
     }
