@@ -58,7 +58,7 @@ struct fm_stats {
     uint64_t budget_bytes, resident_pages, peak_resident_pages, backend_bytes, prefetch_inflight;
     uint64_t fetch_p50_ns, fetch_p99_ns, fetch_max_ns;
     uint64_t evict_p50_ns, evict_p99_ns, evict_max_ns;
-    uint64_t far_pages, far_held_bytes;
+    uint64_t far_pages, far_held_bytes, far_file_bytes;
 };
 
 /* Start the process-wide runtime from FARMEM_* environment variables (FARMEM_LOCAL_MEM,

@@ -235,6 +235,8 @@ fn spec_name(s: &BackendSpec) -> String {
     match s {
         BackendSpec::Local { lz4: false } => "local".into(),
         BackendSpec::Local { lz4: true } => "local+lz4".into(),
+        BackendSpec::File { .. } => "file".into(),
+        BackendSpec::Tiered { .. } => "tiered".into(),
         BackendSpec::Tcp(_) => "tcp".into(),
     }
 }

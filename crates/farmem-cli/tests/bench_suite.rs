@@ -21,11 +21,12 @@ const WORKLOADS: [&str; 6] = [
     "psort",
     "memcached",
 ];
-const MODES: [&str; 8] = [
+const MODES: [&str; 9] = [
     "native",
     "swap-zram",
     "swap-file",
     "farmem",
+    "farmem-default",
     "farmem-lz4",
     "farmem-tcp",
     "farmem-hinted",

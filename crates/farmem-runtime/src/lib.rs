@@ -51,7 +51,7 @@ mod thread;
 mod watchdog;
 mod workingset;
 
-pub use backend::{BackendSpec, TcpSpec};
+pub use backend::{check_far_dir, compressed_max, default_far_dir, BackendSpec, TcpSpec};
 pub use config::{Config, FarCopies, PolicyKind};
 pub use error::{Error, Result};
 pub use farmem_sys::mem::PAGE_SIZE;

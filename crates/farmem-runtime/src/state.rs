@@ -135,6 +135,7 @@ impl State {
         s.backend_bytes = far.stored_bytes;
         s.far_pages = far.pages;
         s.far_held_bytes = far.held_bytes;
+        s.far_file_bytes = far.file_bytes;
         s.prefetch_inflight = self.inflight.len() as u64;
         s
     }

@@ -43,6 +43,8 @@ macro_rules! counters {
             pub far_pages: u64,
             /// Memory the far tier holds for them: stored bytes with slack and bookkeeping.
             pub far_held_bytes: u64,
+            /// Bytes of them in a file on disk.
+            pub far_file_bytes: u64,
         }
 
         impl Counters {
@@ -190,6 +192,7 @@ impl StatsSnapshot {
             ("evict_max_ns", self.evict_max_ns),
             ("far_pages", self.far_pages),
             ("far_held_bytes", self.far_held_bytes),
+            ("far_file_bytes", self.far_file_bytes),
         ]);
         v
     }

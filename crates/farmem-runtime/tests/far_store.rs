@@ -176,3 +176,65 @@ fn clean_copies_stay_until_written_and_rewrites_read_right() {
         "raw pages take one page each"
     );
 }
+
+/// Pages that do not compress, and pages beyond the compressed tier's cap, go to the file;
+/// everything reads back right, and the store says where it is.
+#[test]
+fn the_tiered_store_spills_to_its_file_and_reads_back_right() {
+    let rt = Runtime::new(Config {
+        local_mem: BUDGET,
+        backend: BackendSpec::Tiered {
+            dir: farmem_runtime::default_far_dir(),
+            compressed_max: Some(1 << 20),
+        },
+        evict_batch: 32,
+        ..Config::default()
+    })
+    .expect("a runtime (needs userfaultfd)");
+    let r = rt.create_region(PAGES * PAGE_SIZE).unwrap();
+    // Even pages compress (half zeros), odd ones do not (every word random).
+    let word = |p: usize, w: usize| {
+        if p.is_multiple_of(2) {
+            content(4, p, w)
+        } else {
+            pattern(5, p, w)
+        }
+    };
+    for p in 0..PAGES {
+        fill_page(&r, p, |w| word(p, w));
+    }
+    for _ in 0..2 {
+        for p in 0..PAGES {
+            if let Some((w, got, want)) = page_mismatch(&r, p, |w| word(p, w)) {
+                panic!("page {p} word {w}: read {got:#x}, wrote {want:#x}");
+            }
+        }
+    }
+    let s = quiet(&rt);
+    // A page is held in memory once (locally or compressed); the file keeps copies of
+    // pages fetched back (disk is cheap, writing them again is not).
+    let compressed = s.far_pages - s.far_file_bytes / PAGE_SIZE as u64;
+    assert!(
+        compressed + s.resident_pages <= PAGES as u64,
+        "each page once in memory: {s}"
+    );
+    assert!(
+        s.far_pages + s.resident_pages >= PAGES as u64,
+        "each page somewhere: {s}"
+    );
+    assert!(
+        s.far_file_bytes >= (PAGES as u64 / 2 - s.resident_pages) * PAGE_SIZE as u64,
+        "at least the incompressible far pages are in the file: {s}"
+    );
+    assert!(
+        s.far_held_bytes < (2 << 20),
+        "the compressed tier keeps to its cap (1 MiB, plus bookkeeping): {s}"
+    );
+    assert!(
+        s.backend_bytes > s.far_file_bytes,
+        "some pages are compressed in memory: {s}"
+    );
+    rt.discard(r.as_ptr() as usize, r.len());
+    let s = rt.stats();
+    assert_eq!((s.far_pages, s.far_file_bytes), (0, 0), "discarded: {s}");
+}

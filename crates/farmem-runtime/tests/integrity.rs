@@ -38,6 +38,36 @@ fn random_records_under_churn_keeping_far_copies() {
 }
 
 #[test]
+fn random_records_under_churn_in_a_file() {
+    let rt = Runtime::new(Config {
+        local_mem: BUDGET as u64,
+        backend: BackendSpec::File {
+            dir: farmem_runtime::default_far_dir(),
+        },
+        evict_batch: 32,
+        ..Config::default()
+    })
+    .unwrap();
+    churn(rt);
+}
+
+/// Compressed DRAM capped at 1 MiB in front of a file: most pages spill to the file.
+#[test]
+fn random_records_under_churn_tiered() {
+    let rt = Runtime::new(Config {
+        local_mem: BUDGET as u64,
+        backend: BackendSpec::Tiered {
+            dir: farmem_runtime::default_far_dir(),
+            compressed_max: Some(1 << 20),
+        },
+        evict_batch: 32,
+        ..Config::default()
+    })
+    .unwrap();
+    churn(rt);
+}
+
+#[test]
 fn random_records_under_churn_keeping_clean_copies() {
     let rt = Runtime::new(Config {
         local_mem: BUDGET as u64,

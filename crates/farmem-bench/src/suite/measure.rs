@@ -149,6 +149,12 @@ impl Runner<'_> {
             .arg(&stats_file);
         if job.mode == Mode::FarmemLz4 {
             cmd.arg("--backend").arg("local+lz4://");
+        } else if job.mode == Mode::FarmemDefault {
+            // What a user gets: the default backend, whatever the environment says.
+            cmd.env_remove("FARMEM_BACKEND");
+        } else if !job.mode.over_tcp() {
+            // The embedded modes measure the mechanism: far pages raw in the process.
+            cmd.arg("--backend").arg("local://");
         }
         if job.mode.over_tcp() {
             let srv = self

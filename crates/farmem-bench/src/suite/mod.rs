@@ -54,7 +54,7 @@ pub struct Args {
         long,
         value_delimiter = ',',
         value_enum,
-        default_value = "native,swap-zram,swap-file,farmem,farmem-lz4,farmem-tcp,farmem-hinted,farmem-hinted-tcp"
+        default_value = "native,swap-zram,swap-file,farmem,farmem-default,farmem-lz4,farmem-tcp,farmem-hinted,farmem-hinted-tcp"
     )]
     modes: Vec<Mode>,
     /// zram's compressor in the swap-zram mode (`default`: leave the kernel's choice); lz4

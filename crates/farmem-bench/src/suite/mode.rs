@@ -12,8 +12,11 @@ pub enum Mode {
     SwapZram,
     /// The same with a swap file on the root filesystem.
     SwapFile,
-    /// `farmem run`, embedded (in-process) backend.
+    /// `farmem run`, embedded backend, far pages raw in the process (the mechanism alone).
     Farmem,
+    /// `farmem run` as a user runs it, with its default backend: compressed in the process
+    /// up to a cap, the rest in a file on the disk (to compare with swap-zram and swap-file).
+    FarmemDefault,
     /// `farmem run` with far pages compressed in process (`local+lz4://`): compressed DRAM,
     /// to compare with swap-zram compressing with the same algorithm.
     FarmemLz4,
@@ -32,6 +35,7 @@ impl Mode {
             Mode::SwapZram => "swap-zram",
             Mode::SwapFile => "swap-file",
             Mode::Farmem => "farmem",
+            Mode::FarmemDefault => "farmem-default",
             Mode::FarmemLz4 => "farmem-lz4",
             Mode::FarmemTcp => "farmem-tcp",
             Mode::FarmemHinted => "farmem-hinted",
@@ -47,6 +51,7 @@ impl Mode {
         matches!(
             self,
             Mode::Farmem
+                | Mode::FarmemDefault
                 | Mode::FarmemLz4
                 | Mode::FarmemTcp
                 | Mode::FarmemHinted

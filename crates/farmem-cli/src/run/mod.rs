@@ -52,11 +52,20 @@ pub struct Options {
     /// stdin), then again under farmem.
     #[arg(long)]
     measure_peak: bool,
-    /// Where far memory lives: local:// (in-process, default), local+lz4:// (compressed),
+    /// Where far memory lives. Default (or FARMEM_BACKEND if set): tiered://, far pages
+    /// compressed (lz4) in the process up to 20% of this machine's memory
+    /// (FARMEM_COMPRESSED_MAX: a size or a percentage), the rest (and pages that do not
+    /// compress) in an unnamed file under --far-dir, gone when the program ends, killed or
+    /// not. Others: file://DIR (all far pages in the file), local+lz4:// (all compressed in
+    /// the process), local:// (raw in the process: saves no memory, measures the mechanism),
     /// tcp://[tenant@]host:port (a `farmem server`; token from FARMEM_TOKEN or
     /// FARMEM_TOKEN_FILE).
     #[arg(long, value_name = "URL")]
     backend: Option<String>,
+    /// The directory of the far file (tiered:// and file:// without one): on a disk, with
+    /// room. Default: $TMPDIR, else /var/tmp.
+    #[arg(long, value_name = "DIR")]
+    far_dir: Option<PathBuf>,
     /// Reclaim policy: fifo (default), second-chance, lru or priority (levels from the hints' ev_prio).
     #[arg(long)]
     policy: Option<String>,
@@ -183,9 +192,7 @@ pub fn prepare(a: &Options, program: &[OsString], stats_dir: &Path) -> Result<Pr
     let lib = library::find_lib(a.lib.as_deref().or(lib_env.as_deref()))?;
     check_userfaultfd()?;
     let local = budget(a, program)?;
-    if let Some(b) = &a.backend {
-        farmem_runtime::BackendSpec::parse(b).context("--backend")?;
-    }
+    let backend = backend_url(a)?;
     if let Some(p) = &a.policy {
         farmem_runtime::PolicyKind::parse(p).context("--policy")?;
     }
@@ -206,9 +213,7 @@ pub fn prepare(a: &Options, program: &[OsString], stats_dir: &Path) -> Result<Pr
     if let Some(b) = local {
         cmd.env("FARMEM_LOCAL_MEM", b.to_string());
     }
-    if let Some(b) = &a.backend {
-        cmd.env("FARMEM_BACKEND", b);
-    }
+    cmd.env("FARMEM_BACKEND", &backend);
     if let Some(p) = &a.policy {
         cmd.env("FARMEM_POLICY", p);
     }
@@ -218,7 +223,7 @@ pub fn prepare(a: &Options, program: &[OsString], stats_dir: &Path) -> Result<Pr
     }
     // The config the program will see must be valid: check it here, with this process's
     // view of the same variables, so a bad value is reported before anything runs.
-    check_config(local, a)?;
+    check_config(local, &backend)?;
     Ok(Prepared { cmd, local })
 }
 
@@ -292,14 +297,57 @@ pub fn try_wait_with_rusage(pid: i32) -> Result<Option<(i32, libc::rusage)>> {
     farmem_sys::process::try_wait_with_rusage(pid).context("waiting for the program")
 }
 
-fn check_config(local: Option<u64>, a: &Options) -> Result<()> {
+/// The backend the program gets: --backend, else FARMEM_BACKEND, else `tiered://` in
+/// --far-dir (or the default directory). Checked here: a far-file directory that cannot
+/// serve (missing, in memory, read-only, full) is an error before the program starts.
+fn backend_url(a: &Options) -> Result<String> {
+    use farmem_runtime::BackendSpec;
+    let env = std::env::var("FARMEM_BACKEND")
+        .ok()
+        .filter(|s| !s.is_empty());
+    let mut url = match (&a.backend, env) {
+        (Some(b), _) => b.clone(),
+        (None, Some(e)) => e,
+        (None, None) => "tiered://".to_string(),
+    };
+    let spec = BackendSpec::parse(&url).context("--backend")?;
+    let dir = match spec {
+        BackendSpec::Tiered { .. } if url.trim() == "tiered://" => {
+            let d = a
+                .far_dir
+                .clone()
+                .unwrap_or_else(farmem_runtime::default_far_dir);
+            url = format!("tiered://{}", d.display());
+            d
+        }
+        BackendSpec::Tiered { dir, .. } | BackendSpec::File { dir } => {
+            if a.far_dir.is_some() {
+                bail!("--far-dir and a backend that names its directory ({url}): give one");
+            }
+            dir
+        }
+        _ if a.far_dir.is_some() => {
+            bail!("--far-dir is for the tiered:// and file:// backends, not {url}")
+        }
+        _ => return Ok(url),
+    };
+    farmem_runtime::check_far_dir(&dir).map_err(|e| anyhow::anyhow!("{e} (--far-dir)"))?;
+    if matches!(spec_of(&url)?, BackendSpec::Tiered { .. }) {
+        farmem_runtime::compressed_max()?;
+    }
+    Ok(url)
+}
+
+fn spec_of(url: &str) -> Result<farmem_runtime::BackendSpec> {
+    farmem_runtime::BackendSpec::parse(url).context("--backend")
+}
+
+fn check_config(local: Option<u64>, backend: &str) -> Result<()> {
     let mut c = farmem_runtime::Config::default();
     if let Some(b) = local {
         c.local_mem = b;
     }
-    if let Some(b) = &a.backend {
-        c.backend = farmem_runtime::BackendSpec::parse(b)?;
-    }
+    c.backend = farmem_runtime::BackendSpec::parse(backend)?;
     c.validate().context("--local-mem")?;
     Ok(())
 }

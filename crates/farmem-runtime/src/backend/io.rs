@@ -171,6 +171,8 @@ pub struct FarUsage {
     pub stored_bytes: u64,
     /// Memory the tier holds for them: the stored bytes with their slack and bookkeeping.
     pub held_bytes: u64,
+    /// Bytes of them on disk (a file tier), not in memory.
+    pub file_bytes: u64,
 }
 
 /// Where far pages live. Implementations must be safe to call from many threads at once.
@@ -213,6 +215,19 @@ pub trait Backend: Send + Sync {
         let _ = keys;
     }
 
+    /// The runtime has just installed these pages from their far copies and asks the
+    /// backend to forget the copies worth forgetting: those held in memory (a copy on disk
+    /// costs no memory, and keeping it spares a write-back if the page stays unchanged).
+    /// Returns, per key, whether its copy is gone. By default: all, if forgetting frees
+    /// memory ([`Backend::frees_on_forget`]), else none.
+    fn forget_fetched(&self, keys: &[PageKey]) -> Vec<bool> {
+        let free = self.frees_on_forget();
+        if free {
+            self.forget(keys);
+        }
+        vec![free; keys.len()]
+    }
+
     /// Whether [`Backend::forget`] frees memory: the runtime then forgets the far copy of a
     /// page as soon as it is fetched back (an exclusive cache, as zswap does), so that no
     /// page is held twice, at the price of writing it back at its next eviction.
@@ -229,6 +244,7 @@ pub trait Backend: Send + Sync {
             pages: 0,
             stored_bytes: self.stored_bytes(),
             held_bytes: self.stored_bytes(),
+            file_bytes: 0,
         }
     }
 

@@ -96,7 +96,36 @@ impl LocalBackend {
         Ok(Stored { slot, lz4_len: 0 })
     }
 
-    fn read_into(&self, k: PageKey, out: &mut [u8]) -> Result<(), BackendError> {
+    /// Store page `k` compressed if it compresses to `max_len` bytes or less and the store
+    /// has room; `false` if not (nothing stored, any old copy of `k` kept).
+    pub(crate) fn put_compressed(&self, k: PageKey, page: &[u8], max_len: usize) -> bool {
+        let stored = SCRATCH.with(|s| {
+            let mut s = s.borrow_mut();
+            let n = lz4_flex::block::compress_into(page, &mut s[..]).ok()?;
+            if n > max_len {
+                return None;
+            }
+            let slot = self.slabs.alloc(n)?;
+            // SAFETY: a fresh slot of at least `n` bytes, ours alone.
+            unsafe { self.slabs.fill(slot, &s[..n]) };
+            Some(Stored {
+                slot,
+                lz4_len: n as u16,
+            })
+        });
+        let Some(v) = stored else { return false };
+        if let Some(o) = self.shard(k).lock().insert((k.region, k.page), v) {
+            self.slabs.free(o.slot);
+        }
+        true
+    }
+
+    /// Whether the store holds page `k`.
+    pub(crate) fn holds(&self, k: PageKey) -> bool {
+        self.shard(k).lock().contains_key(&(k.region, k.page))
+    }
+
+    pub(crate) fn read_into(&self, k: PageKey, out: &mut [u8]) -> Result<(), BackendError> {
         let shard = self.shard(k).lock();
         let Some(&s) = shard.get(&(k.region, k.page)) else {
             return Err(BackendError::Failed(format!(
@@ -212,6 +241,7 @@ impl Backend for LocalBackend {
             pages,
             stored_bytes: self.slabs.slot_bytes(),
             held_bytes: self.slabs.held_bytes() + pages * INDEX_BYTES_PER_PAGE,
+            file_bytes: 0,
         }
     }
 }

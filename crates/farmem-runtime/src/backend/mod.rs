@@ -7,23 +7,37 @@
 //! queues the same way).
 
 pub(crate) mod error;
+pub(crate) mod file;
 pub(crate) mod io;
 pub(crate) mod local;
 pub(crate) mod slabs;
 pub(crate) mod spec;
 pub mod tcp;
+pub(crate) mod tiered;
 
 use std::sync::Arc;
 
 pub use error::BackendError;
 pub use farmem_proto::{IoClass, PageKey};
+pub use file::check_dir as check_far_dir;
 pub use io::{Backend, Completer, Completion, FarUsage, IoDone, PageBuf};
-pub use spec::{BackendSpec, TcpSpec};
+pub use spec::{compressed_max, default_far_dir, BackendSpec, TcpSpec};
 
 /// Build (and for remote backends, connect) the backend a configuration names.
 pub fn from_spec(spec: &BackendSpec) -> Result<Arc<dyn Backend>, BackendError> {
     Ok(match spec {
         BackendSpec::Local { lz4 } => Arc::new(local::LocalBackend::new(*lz4, local_store_cap())?),
+        BackendSpec::File { dir } => Arc::new(file::FileBackend::new(dir, FILE_MAX)?),
+        BackendSpec::Tiered {
+            dir,
+            compressed_max,
+        } => {
+            let cap = match compressed_max {
+                Some(c) => *c,
+                None => spec::compressed_max().map_err(|e| BackendError::Failed(e.to_string()))?,
+            };
+            Arc::new(tiered::TieredBackend::new(cap as usize, dir, FILE_MAX)?)
+        }
         BackendSpec::Tcp(t) => Arc::new(tcp::TcpBackend::connect(t.clone())?),
     })
 }
@@ -33,3 +47,7 @@ pub fn from_spec(spec: &BackendSpec) -> Result<Arc<dyn Backend>, BackendError> {
 fn local_store_cap() -> usize {
     (farmem_sys::mem::physical_memory() as usize).max(1 << 30)
 }
+
+/// Most a far file may grow to: no limit of our own (a full disk refuses writes, and the
+/// pages stay local).
+const FILE_MAX: u64 = 1 << 50;

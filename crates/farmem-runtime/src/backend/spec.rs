@@ -1,6 +1,7 @@
 //! Which backend a runtime uses, as named by `FARMEM_BACKEND` or `--backend`:
-//! `local://`, `local+lz4://` or `tcp://[tenant@]host:port`.
+//! `local://`, `local+lz4://`, `file://DIR`, `tiered://[DIR]` or `tcp://[tenant@]host:port`.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use farmem_proto::auth::Secret;
@@ -14,6 +15,15 @@ use crate::error::{Error, Result};
 pub enum BackendSpec {
     /// Pages kept in this process, outside the regions (the embedded default).
     Local { lz4: bool },
+    /// Pages in an unnamed file in a directory on a disk.
+    File { dir: PathBuf },
+    /// Compressed in this process up to a cap, the rest in a file in a directory on a disk
+    /// (`farmem run`'s default). The cap: `compressed_max` bytes, else
+    /// `FARMEM_COMPRESSED_MAX`, else 20% of physical memory.
+    Tiered {
+        dir: PathBuf,
+        compressed_max: Option<u64>,
+    },
     /// A `farmem server` over TCP.
     Tcp(TcpSpec),
 }
@@ -56,14 +66,54 @@ impl BackendSpec {
         if let Some(rest) = s.strip_prefix("tcp://") {
             return parse_tcp(rest).map(BackendSpec::Tcp);
         }
+        if let Some(dir) = s.strip_prefix("file://") {
+            if dir.is_empty() {
+                return Err(Error::Config(
+                    "backend 'file://' needs a directory: file:///var/tmp".into(),
+                ));
+            }
+            return Ok(BackendSpec::File { dir: dir.into() });
+        }
+        if let Some(dir) = s.strip_prefix("tiered://") {
+            let dir = if dir.is_empty() {
+                default_far_dir()
+            } else {
+                dir.into()
+            };
+            return Ok(BackendSpec::Tiered {
+                dir,
+                compressed_max: None,
+            });
+        }
         match s.trim_end_matches("://") {
             "" | "local" => Ok(BackendSpec::Local { lz4: false }),
             "local+lz4" => Ok(BackendSpec::Local { lz4: true }),
             other => Err(Error::Config(format!(
-                "unknown backend '{other}': expected local://, local+lz4:// or \
-                 tcp://[tenant@]host:port"
+                "unknown backend '{other}': expected local://, local+lz4://, file://DIR, \
+                 tiered://[DIR] or tcp://[tenant@]host:port"
             ))),
         }
+    }
+}
+
+/// Where far files go when no directory is named: `$TMPDIR`, else `/var/tmp` (on a disk
+/// on Debian, where `/tmp` may be memory).
+pub fn default_far_dir() -> PathBuf {
+    env("TMPDIR")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/tmp"))
+}
+
+/// Most bytes the compressed tier of `tiered://` holds: `FARMEM_COMPRESSED_MAX` (a size or a
+/// percentage of physical memory), by default 20% of physical memory (zswap's default pool).
+pub fn compressed_max() -> Result<u64> {
+    match env("FARMEM_COMPRESSED_MAX") {
+        Some(v) => crate::env::parse_budget(&v).map_err(|e| match e {
+            Error::Config(m) => Error::Config(format!("FARMEM_COMPRESSED_MAX: {m}")),
+            other => other,
+        }),
+        None => Ok(farmem_sys::mem::physical_memory() / 5),
     }
 }
 
@@ -123,6 +173,24 @@ mod tests {
             BackendSpec::Local { lz4: true }
         );
         assert!(BackendSpec::parse("nfs://x").is_err());
+        assert_eq!(
+            BackendSpec::parse("file:///var/tmp").unwrap(),
+            BackendSpec::File {
+                dir: "/var/tmp".into()
+            }
+        );
+        assert!(BackendSpec::parse("file://").is_err());
+        assert_eq!(
+            BackendSpec::parse("tiered:///srv/far").unwrap(),
+            BackendSpec::Tiered {
+                dir: "/srv/far".into(),
+                compressed_max: None
+            }
+        );
+        assert!(matches!(
+            BackendSpec::parse("tiered://").unwrap(),
+            BackendSpec::Tiered { .. }
+        ));
         let BackendSpec::Tcp(t) = BackendSpec::parse("tcp://alice@127.0.0.1:7070").unwrap() else {
             panic!("not tcp")
         };

@@ -258,8 +258,10 @@ pub(crate) fn install_phase(
         }
         // Far copies that are not worth keeping are forgotten now, under the page locks (no
         // one reads them meanwhile), so that no page is held both here and there for nothing.
-        let taken = remote > 0 && forgets_copy_at_install(st.far_copies, writable);
-        if taken {
+        // The backend says which it forgot: a tier on disk keeps its copies (disk space is
+        // cheap, writing a page back again is not).
+        let mut forgotten = Vec::new();
+        if remote > 0 && forgets_copy_at_install(st.far_copies, writable) {
             let keys: Vec<PageKey> = run
                 .iter()
                 .filter(|l| l.old.has_far_copy())
@@ -268,8 +270,9 @@ pub(crate) fn install_phase(
                     page: reg.index_of(l.vpn),
                 })
                 .collect();
-            st.backend.forget(&keys);
+            forgotten = st.backend.forget_fetched(&keys);
         }
+        let mut remote_i = 0;
         for l in run {
             let hotness = if req.mode == Mode::Fault {
                 let (h, recent) = st.workingset.at_fault_install(l.old);
@@ -281,8 +284,11 @@ pub(crate) fn install_phase(
                 Hotness::Used
             };
             let mut new = l.old.installed(access_for(st, l), req.prio, hotness);
-            if taken && l.old.has_far_copy() {
-                new = new.far_copy_taken();
+            if l.old.has_far_copy() {
+                if forgotten.get(remote_i) == Some(&true) {
+                    new = new.far_copy_taken();
+                }
+                remote_i += 1;
             }
             table::slot(l.vpn).unlock(new);
         }

@@ -1,0 +1,571 @@
+//! The file tier: far pages in a file on a disk, read and written with direct I/O (the page
+//! cache would keep them in memory again), in runs of contiguous slots.
+//!
+//! The file has no name (`O_TMPFILE`, or unlinked at once where that is refused): it is gone
+//! when the process ends, killed or not, and nothing else can open it. Slots are handed out
+//! from clusters of 64 (256 KiB), lowest first inside the cluster being filled, so that the
+//! pages of a write-back batch land side by side and go out in few writes (Linux's swap
+//! allocates clusters for the same reason); a cluster whose last page is freed goes back to
+//! the pool and its disk space to the file system (a punched hole). A full or failing disk
+//! refuses the write ([`BackendError::Full`] / `Failed`): the runtime keeps those pages local
+//! and says so; nothing is dropped.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use parking_lot::Mutex;
+
+use farmem_proto::{IoClass, PageKey};
+use farmem_sys::mem::PAGE_SIZE;
+
+use super::error::BackendError;
+use super::io::{Backend, Completion, FarUsage, IoDone, PageBuf};
+
+const SHARDS: usize = 64;
+const CLUSTER: u32 = 64;
+/// Bytes of bookkeeping per stored page (its index entry with the table's slack).
+const INDEX_BYTES_PER_PAGE: u64 = 32;
+/// Least free space a directory must have to be accepted for a file tier.
+const MIN_FREE: u64 = 64 << 20;
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+const RAMFS_MAGIC: i64 = 0x8584_58f6;
+
+/// Slot allocation over clusters of 64 slots.
+#[derive(Default)]
+struct Slots {
+    /// Per cluster: a bit per slot in use.
+    used: Vec<u64>,
+    /// Clusters with no slot in use (their disk space punched out).
+    empty: Vec<u32>,
+    /// The cluster being filled.
+    current: Option<u32>,
+    /// Slots in use.
+    live: u64,
+}
+
+impl Slots {
+    /// `n` free slots, as contiguous as the free space allows; `None` when the file would
+    /// grow past `max_clusters`.
+    fn take(&mut self, n: usize, max_clusters: u32) -> Option<Vec<u32>> {
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let c = match self.current {
+                Some(c) if self.used[c as usize] != u64::MAX => c,
+                _ => match self.next_cluster(max_clusters) {
+                    Some(c) => c,
+                    None => {
+                        self.give(&out);
+                        return None;
+                    }
+                },
+            };
+            self.current = Some(c);
+            let bits = &mut self.used[c as usize];
+            while out.len() < n && *bits != u64::MAX {
+                let i = (!*bits).trailing_zeros();
+                *bits |= 1 << i;
+                out.push(c * CLUSTER + i);
+            }
+        }
+        self.live += n as u64;
+        Some(out)
+    }
+
+    /// An empty cluster, a new one, or else the one with the most free slots.
+    fn next_cluster(&mut self, max_clusters: u32) -> Option<u32> {
+        if let Some(c) = self.empty.pop() {
+            return Some(c);
+        }
+        if (self.used.len() as u32) < max_clusters {
+            self.used.push(0);
+            return Some(self.used.len() as u32 - 1);
+        }
+        let (c, bits) = self
+            .used
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, b)| b.count_ones())?;
+        (*bits != u64::MAX).then_some(c as u32)
+    }
+
+    /// Free slots; returns the clusters that became empty. They are not handed out again
+    /// until [`Slots::reuse`] gets them back: their space is punched out first, and a hole
+    /// punched after a new write would lose it.
+    fn give(&mut self, slots: &[u32]) -> Vec<u32> {
+        let mut emptied = Vec::new();
+        for &s in slots {
+            let c = s / CLUSTER;
+            let bits = &mut self.used[c as usize];
+            debug_assert!(*bits & (1 << (s % CLUSTER)) != 0, "slot {s} freed twice");
+            *bits &= !(1 << (s % CLUSTER));
+            self.live -= 1;
+            if *bits == 0 && self.current != Some(c) {
+                // Reserved (all bits set) until punched, so nothing is placed there.
+                *bits = u64::MAX;
+                emptied.push(c);
+            }
+        }
+        emptied
+    }
+
+    /// Clusters emptied by [`Slots::give`], punched out now: free for use.
+    fn reuse(&mut self, clusters: &[u32]) {
+        for &c in clusters {
+            self.used[c as usize] = 0;
+            self.empty.push(c);
+        }
+    }
+}
+
+pub struct FileBackend {
+    file: File,
+    dir: PathBuf,
+    index: Vec<Mutex<HashMap<(u32, u64), u32>>>,
+    slots: Mutex<Slots>,
+    max_clusters: u32,
+}
+
+/// Why `dir` cannot hold a file tier, if it cannot: missing, not a directory, in memory
+/// (tmpfs), not writable, or nearly full. Checked before a program starts.
+pub fn check_dir(dir: &Path) -> Result<(), BackendError> {
+    let bad = |why: String| {
+        BackendError::Failed(format!("far-memory directory {}: {why}", dir.display()))
+    };
+    let meta = std::fs::metadata(dir).map_err(|e| bad(e.to_string()))?;
+    if !meta.is_dir() {
+        return Err(bad("not a directory".into()));
+    }
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+        .map_err(|_| bad("a path with a NUL byte".into()))?;
+    // SAFETY: `c` is a valid C string and `st` a zeroed statfs the call fills.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(bad(std::io::Error::last_os_error().to_string()));
+    }
+    let kind = st.f_type as i64;
+    if kind == TMPFS_MAGIC || kind == RAMFS_MAGIC {
+        return Err(bad(
+            "it is in memory (tmpfs): a file tier there saves nothing; choose a directory on \
+             a disk"
+                .into(),
+        ));
+    }
+    let free = st.f_bavail as u64 * st.f_bsize as u64;
+    if free < MIN_FREE {
+        return Err(bad(format!(
+            "only {} MiB free (at least {} MiB needed)",
+            free >> 20,
+            MIN_FREE >> 20
+        )));
+    }
+    // SAFETY: `c` is a valid C string.
+    if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
+        return Err(bad(format!(
+            "not writable: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(())
+}
+
+/// Open an unnamed file in `dir` for direct I/O (falling back to buffered I/O where the file
+/// system refuses it).
+fn open_unnamed(dir: &Path) -> std::io::Result<(File, bool)> {
+    let mut last = None;
+    for direct in [true, false] {
+        let flags = if direct { libc::O_DIRECT } else { 0 };
+        let opts = |extra: i32| {
+            let mut o = std::fs::OpenOptions::new();
+            o.read(true)
+                .write(true)
+                .custom_flags(libc::O_CLOEXEC | flags | extra)
+                .mode(0o600);
+            o
+        };
+        match opts(libc::O_TMPFILE).open(dir) {
+            Ok(f) => return Ok((f, direct)),
+            Err(e) => last = Some(e),
+        }
+        // No O_TMPFILE here: a named file, unlinked at once.
+        let name = dir.join(format!(
+            ".farmem-far-{}-{:016x}",
+            std::process::id(),
+            u64::from_ne_bytes(farmem_sys::random::random_bytes())
+        ));
+        if let Ok(f) = opts(0).create_new(true).open(&name) {
+            let _ = std::fs::remove_file(&name);
+            return Ok((f, direct));
+        }
+    }
+    Err(last.expect("an error"))
+}
+
+impl FileBackend {
+    /// A file tier in `dir` holding at most `max_bytes`.
+    pub fn new(dir: &Path, max_bytes: u64) -> Result<FileBackend, BackendError> {
+        check_dir(dir)?;
+        let (file, direct) = open_unnamed(dir).map_err(|e| {
+            BackendError::Failed(format!(
+                "far-memory directory {}: cannot create the far file: {e}",
+                dir.display()
+            ))
+        })?;
+        if !direct {
+            tracing::warn!(
+                "far file in {}: direct I/O refused, pages also pass through the page cache",
+                dir.display()
+            );
+        }
+        let cluster_bytes = CLUSTER as u64 * PAGE_SIZE as u64;
+        Ok(FileBackend {
+            file,
+            dir: dir.to_path_buf(),
+            index: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            slots: Mutex::new(Slots::default()),
+            max_clusters: (max_bytes / cluster_bytes).clamp(1, u32::MAX as u64 / 64) as u32,
+        })
+    }
+
+    fn shard(&self, k: PageKey) -> &Mutex<HashMap<(u32, u64), u32>> {
+        let h = (k.page ^ ((k.region as u64) << 40)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        &self.index[(h >> 58) as usize % SHARDS]
+    }
+
+    fn failed(&self, what: &str, e: std::io::Error) -> BackendError {
+        let msg = format!("far file in {}: {what}: {e}", self.dir.display());
+        match e.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EFBIG) => BackendError::Full(msg),
+            _ => BackendError::Failed(msg),
+        }
+    }
+
+    /// Give slots back; punch out the clusters that emptied.
+    fn free_slots(&self, slots: &[u32]) {
+        if slots.is_empty() {
+            return;
+        }
+        let emptied = self.slots.lock().give(slots);
+        if emptied.is_empty() {
+            return;
+        }
+        for &c in &emptied {
+            let len = CLUSTER as i64 * PAGE_SIZE as i64;
+            // SAFETY: plain fallocate on our own descriptor; failure only keeps disk space.
+            unsafe {
+                libc::fallocate(
+                    self.file.as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    c as i64 * len,
+                    len,
+                );
+            }
+        }
+        self.slots.lock().reuse(&emptied);
+    }
+
+    /// Runs `(first page of the buffer, first slot, pages)` where both the buffer's pages and
+    /// the slots are consecutive: one read or write each.
+    fn runs(items: &[(usize, u32)]) -> Vec<(usize, u32, usize)> {
+        let mut out: Vec<(usize, u32, usize)> = Vec::new();
+        for &(i, s) in items {
+            match out.last_mut() {
+                Some((b, first, n)) if *first + *n as u32 == s && *b + *n == i => *n += 1,
+                _ => out.push((i, s, 1)),
+            }
+        }
+        out
+    }
+
+    /// Store the pages of `buf` at the given positions under their keys.
+    pub(crate) fn write_pages(
+        &self,
+        items: &[(usize, PageKey)],
+        buf: &PageBuf,
+    ) -> Result<(), BackendError> {
+        if items.is_empty() {
+            return Ok(());
+        }
+        let slots = self
+            .slots
+            .lock()
+            .take(items.len(), self.max_clusters)
+            .ok_or_else(|| {
+                BackendError::Full(format!(
+                    "the far file in {} holds {} MiB, its most",
+                    self.dir.display(),
+                    (self.max_clusters as u64 * CLUSTER as u64 * PAGE_SIZE as u64) >> 20
+                ))
+            })?;
+        let placed: Vec<(usize, u32)> = items
+            .iter()
+            .map(|&(i, _)| i)
+            .zip(slots.iter().copied())
+            .collect();
+        for (i, slot, n) in Self::runs(&placed) {
+            let bytes = &buf.bytes()[i * PAGE_SIZE..(i + n) * PAGE_SIZE];
+            if let Err(e) = self
+                .file
+                .write_all_at(bytes, slot as u64 * PAGE_SIZE as u64)
+            {
+                self.free_slots(&slots);
+                return Err(self.failed("writing pages", e));
+            }
+        }
+        let mut old = Vec::new();
+        for (&(_, k), &s) in items.iter().zip(&slots) {
+            if let Some(o) = self.shard(k).lock().insert((k.region, k.page), s) {
+                old.push(o);
+            }
+        }
+        self.free_slots(&old);
+        Ok(())
+    }
+
+    /// Whether the file holds page `k`.
+    pub(crate) fn holds(&self, k: PageKey) -> bool {
+        self.shard(k).lock().contains_key(&(k.region, k.page))
+    }
+
+    /// Read the pages of `items` into their positions of `buf`.
+    pub(crate) fn read_pages(
+        &self,
+        items: &[(usize, PageKey)],
+        buf: &mut PageBuf,
+    ) -> Result<(), BackendError> {
+        let mut placed = Vec::with_capacity(items.len());
+        for &(i, k) in items {
+            match self.shard(k).lock().get(&(k.region, k.page)) {
+                Some(&s) => placed.push((i, s)),
+                None => {
+                    return Err(BackendError::Failed(format!(
+                        "page {} of region {} is not in the far file",
+                        k.page, k.region
+                    )))
+                }
+            }
+        }
+        for (i, slot, n) in Self::runs(&placed) {
+            let bytes = &mut buf.bytes_mut()[i * PAGE_SIZE..(i + n) * PAGE_SIZE];
+            self.file
+                .read_exact_at(bytes, slot as u64 * PAGE_SIZE as u64)
+                .map_err(|e| self.failed("reading pages", e))?;
+        }
+        Ok(())
+    }
+
+    fn pages(&self) -> u64 {
+        self.slots.lock().live
+    }
+}
+
+impl Backend for FileBackend {
+    fn describe(&self) -> String {
+        format!("file://{}", self.dir.display())
+    }
+
+    fn open_region(&self, _region: u32, _npages: u64) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    fn close_region(&self, region: u32) {
+        let mut freed = Vec::new();
+        for s in &self.index {
+            s.lock().retain(|&(r, _), slot| {
+                if r == region {
+                    freed.push(*slot);
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        self.free_slots(&freed);
+    }
+
+    fn submit_read(&self, _class: IoClass, keys: Vec<PageKey>, mut buf: PageBuf) -> Completion {
+        buf.set_len(keys.len());
+        let items: Vec<(usize, PageKey)> = keys.iter().copied().enumerate().collect();
+        match self.read_pages(&items, &mut buf) {
+            Ok(()) => Completion::ready(Ok(IoDone { keys, buf })),
+            Err(e) => Completion::ready(Err(e)),
+        }
+    }
+
+    fn submit_write(&self, _class: IoClass, keys: Vec<PageKey>, buf: PageBuf) -> Completion {
+        if buf.len() < keys.len() {
+            return Completion::ready(Err(BackendError::Failed(format!(
+                "write of {} pages with a buffer of {}",
+                keys.len(),
+                buf.len()
+            ))));
+        }
+        let items: Vec<(usize, PageKey)> = keys.iter().copied().enumerate().collect();
+        match self.write_pages(&items, &buf) {
+            Ok(()) => Completion::ready(Ok(IoDone { keys, buf })),
+            Err(e) => Completion::ready(Err(e)),
+        }
+    }
+
+    fn forget(&self, keys: &[PageKey]) {
+        let mut freed = Vec::new();
+        for &k in keys {
+            if let Some(s) = self.shard(k).lock().remove(&(k.region, k.page)) {
+                freed.push(s);
+            }
+        }
+        self.free_slots(&freed);
+    }
+
+    fn stored_bytes(&self) -> u64 {
+        self.pages() * PAGE_SIZE as u64
+    }
+
+    fn usage(&self) -> FarUsage {
+        let pages = self.pages();
+        FarUsage {
+            pages,
+            stored_bytes: pages * PAGE_SIZE as u64,
+            held_bytes: pages * INDEX_BYTES_PER_PAGE,
+            file_bytes: pages * PAGE_SIZE as u64,
+        }
+    }
+
+    fn longest_wait(&self) -> std::time::Duration {
+        // Requests complete during their submission (a stuck disk blocks in the kernel).
+        std::time::Duration::from_secs(120)
+    }
+
+    fn completes_inline(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir() -> PathBuf {
+        std::env::var_os("FARMEM_TEST_FAR_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/var/tmp"))
+    }
+
+    fn keys(region: u32, pages: std::ops::Range<u64>) -> Vec<PageKey> {
+        pages.map(|page| PageKey { region, page }).collect()
+    }
+
+    fn filled(n: usize, salt: u8) -> PageBuf {
+        let mut b = PageBuf::new(n);
+        b.set_len(n);
+        for (i, x) in b.bytes_mut().iter_mut().enumerate() {
+            *x = (i / 7) as u8 ^ salt;
+        }
+        b
+    }
+
+    #[test]
+    fn pages_come_back_and_slots_are_reused() {
+        let b = FileBackend::new(&dir(), 64 << 20).unwrap();
+        let k = keys(1, 0..100);
+        let w = filled(100, 3);
+        let want = w.bytes().to_vec();
+        let t = std::time::Duration::from_secs(10);
+        b.submit_write(IoClass::WriteBack, k.clone(), w)
+            .wait(t)
+            .unwrap();
+        assert_eq!(b.usage().pages, 100);
+        let got = b
+            .submit_read(IoClass::Demand, k.clone(), PageBuf::new(100))
+            .wait(t)
+            .unwrap();
+        assert_eq!(got.buf.bytes(), &want[..]);
+        // Rewriting moves the pages to new slots and frees the old ones.
+        b.submit_write(IoClass::WriteBack, k.clone(), filled(100, 9))
+            .wait(t)
+            .unwrap();
+        assert_eq!(b.usage().pages, 100);
+        let got = b
+            .submit_read(IoClass::Demand, k[40..41].to_vec(), PageBuf::new(1))
+            .wait(t)
+            .unwrap();
+        assert_eq!(
+            got.buf.bytes(),
+            &filled(100, 9).bytes()[40 * PAGE_SIZE..41 * PAGE_SIZE]
+        );
+        b.forget(&k[..50]);
+        assert_eq!(b.usage().pages, 50);
+        assert!(
+            b.submit_read(IoClass::Demand, k[..1].to_vec(), PageBuf::new(1))
+                .wait(t)
+                .is_err(),
+            "a forgotten page is an error, never zeros"
+        );
+        b.close_region(1);
+        assert_eq!(b.usage().pages, 0);
+    }
+
+    #[test]
+    fn a_full_file_refuses_writes_and_keeps_what_it_has() {
+        let b = FileBackend::new(&dir(), (2 * CLUSTER as usize * PAGE_SIZE) as u64).unwrap();
+        let t = std::time::Duration::from_secs(10);
+        let k = keys(2, 0..128);
+        b.submit_write(IoClass::WriteBack, k.clone(), filled(128, 1))
+            .wait(t)
+            .unwrap();
+        let more = b
+            .submit_write(IoClass::WriteBack, keys(2, 128..129), filled(1, 2))
+            .wait(t);
+        assert!(
+            matches!(more, Err(BackendError::Full(_))),
+            "{:?}",
+            more.err()
+        );
+        let got = b
+            .submit_read(IoClass::Demand, k, PageBuf::new(128))
+            .wait(t)
+            .unwrap();
+        assert_eq!(got.buf.bytes(), filled(128, 1).bytes());
+    }
+
+    #[test]
+    fn bad_directories_are_named() {
+        let e = FileBackend::new(Path::new("/nonexistent/far"), 1 << 30)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("/nonexistent/far"), "{e}");
+        let e = check_dir(Path::new("/dev/shm")).err().unwrap();
+        assert!(e.to_string().contains("tmpfs"), "{e}");
+        let e = check_dir(Path::new("/proc/self/status")).err().unwrap();
+        assert!(e.to_string().contains("not a directory"), "{e}");
+    }
+
+    #[test]
+    fn slots_fill_clusters_in_order_and_empty_ones_come_back() {
+        let mut s = Slots::default();
+        let a = s.take(70, 10).unwrap();
+        assert_eq!(
+            a,
+            (0..70).collect::<Vec<u32>>(),
+            "contiguous from the start"
+        );
+        let emptied = s.give(&a[..64]);
+        assert_eq!(emptied, vec![0], "cluster 0 is empty again");
+        assert!(
+            s.take(58, 10).unwrap().iter().all(|&x| x >= 64),
+            "not reused before its hole is punched"
+        );
+        s.reuse(&emptied);
+        s.give(&(70..128).collect::<Vec<u32>>());
+        let b = s.take(64, 10).unwrap();
+        assert_eq!(
+            b[..58],
+            (70..128).collect::<Vec<u32>>()[..],
+            "the current cluster first"
+        );
+        assert_eq!(s.live, 70 - 64 + 64);
+    }
+}

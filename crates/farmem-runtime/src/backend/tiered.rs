@@ -1,0 +1,146 @@
+//! Compressed DRAM in front of a file (zswap's shape): a page that compresses to at most
+//! three quarters of a page is kept compressed in this process while the compressed tier is
+//! under its cap; any other page, and every page once the cap is reached, goes to the file.
+//!
+//! Each page lives in one tier at a time: storing it in one forgets it in the other. The
+//! runtime holds a page's lock across every request on it, so no two requests on one page
+//! ever race here. Cold compressed pages are not moved to the file later: once the
+//! compressed tier is full, new pages overflow to the file instead.
+
+use std::path::Path;
+
+use farmem_proto::{IoClass, PageKey};
+use farmem_sys::mem::PAGE_SIZE;
+
+use super::error::BackendError;
+use super::file::FileBackend;
+use super::io::{Backend, Completion, FarUsage, IoDone, PageBuf};
+use super::local::LocalBackend;
+
+/// Largest compressed size kept in memory: a page saving less than a quarter is not worth
+/// the compression work at each fetch.
+const MAX_COMPRESSED: usize = PAGE_SIZE * 3 / 4;
+
+pub struct TieredBackend {
+    dram: LocalBackend,
+    file: FileBackend,
+}
+
+impl TieredBackend {
+    /// Compressed DRAM of at most `dram_max` bytes in front of a file in `dir` of at most
+    /// `file_max` bytes.
+    pub fn new(dram_max: usize, dir: &Path, file_max: u64) -> Result<TieredBackend, BackendError> {
+        Ok(TieredBackend {
+            dram: LocalBackend::new(true, dram_max)?,
+            file: FileBackend::new(dir, file_max)?,
+        })
+    }
+}
+
+impl Backend for TieredBackend {
+    fn describe(&self) -> String {
+        format!("lz4 then {}", self.file.describe())
+    }
+
+    fn open_region(&self, _region: u32, _npages: u64) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    fn close_region(&self, region: u32) {
+        self.dram.close_region(region);
+        self.file.close_region(region);
+    }
+
+    fn submit_read(&self, _class: IoClass, keys: Vec<PageKey>, mut buf: PageBuf) -> Completion {
+        buf.set_len(keys.len());
+        let mut from_file = Vec::new();
+        for (i, &k) in keys.iter().enumerate() {
+            if self.dram.holds(k) {
+                if let Err(e) = self.dram.read_into(k, buf.page_mut(i)) {
+                    return Completion::ready(Err(e));
+                }
+            } else {
+                from_file.push((i, k));
+            }
+        }
+        match self.file.read_pages(&from_file, &mut buf) {
+            Ok(()) => Completion::ready(Ok(IoDone { keys, buf })),
+            Err(e) => Completion::ready(Err(e)),
+        }
+    }
+
+    fn submit_write(&self, _class: IoClass, keys: Vec<PageKey>, buf: PageBuf) -> Completion {
+        if buf.len() < keys.len() {
+            return Completion::ready(Err(BackendError::Failed(format!(
+                "write of {} pages with a buffer of {}",
+                keys.len(),
+                buf.len()
+            ))));
+        }
+        let mut to_file = Vec::new();
+        let mut in_dram = Vec::new();
+        for (i, &k) in keys.iter().enumerate() {
+            if self.dram.put_compressed(k, buf.page(i), MAX_COMPRESSED) {
+                in_dram.push(k);
+            } else {
+                to_file.push((i, k));
+            }
+        }
+        // Only now that the new copies are stored may the old ones go.
+        if let Err(e) = self.file.write_pages(&to_file, &buf) {
+            return Completion::ready(Err(e));
+        }
+        let stale: Vec<PageKey> = in_dram
+            .into_iter()
+            .filter(|&k| self.file.holds(k))
+            .collect();
+        self.file.forget(&stale);
+        let moved: Vec<PageKey> = to_file.iter().map(|&(_, k)| k).collect();
+        self.dram.forget(&moved);
+        Completion::ready(Ok(IoDone { keys, buf }))
+    }
+
+    fn forget(&self, keys: &[PageKey]) {
+        self.dram.forget(keys);
+        self.file.forget(keys);
+    }
+
+    fn frees_on_forget(&self) -> bool {
+        true
+    }
+
+    /// Compressed copies go (memory), copies in the file stay (disk).
+    fn forget_fetched(&self, keys: &[PageKey]) -> Vec<bool> {
+        keys.iter()
+            .map(|&k| {
+                let in_dram = self.dram.holds(k);
+                if in_dram {
+                    self.dram.forget(&[k]);
+                }
+                in_dram
+            })
+            .collect()
+    }
+
+    fn stored_bytes(&self) -> u64 {
+        self.dram.stored_bytes() + self.file.stored_bytes()
+    }
+
+    fn usage(&self) -> FarUsage {
+        let (d, f) = (self.dram.usage(), self.file.usage());
+        FarUsage {
+            pages: d.pages + f.pages,
+            stored_bytes: d.stored_bytes + f.stored_bytes,
+            held_bytes: d.held_bytes + f.held_bytes,
+            file_bytes: f.file_bytes,
+        }
+    }
+
+    fn longest_wait(&self) -> std::time::Duration {
+        self.file.longest_wait()
+    }
+
+    fn completes_inline(&self) -> bool {
+        true
+    }
+}
