@@ -10,7 +10,6 @@
 //! refuses the write ([`BackendError::Full`] / `Failed`): the runtime keeps those pages local
 //! and says so; nothing is dropped.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -22,9 +21,8 @@ use farmem_proto::{IoClass, PageKey};
 use farmem_sys::mem::PAGE_SIZE;
 
 use super::error::BackendError;
-use super::io::{Backend, Completion, FarUsage, IoDone, PageBuf};
-
-const SHARDS: usize = 64;
+use super::index::PageIndex;
+use super::io::{short_buffer, Backend, Completion, FarUsage, IoDone, PageBuf};
 const CLUSTER: u32 = 64;
 /// Bytes of bookkeeping per stored page (its index entry with the table's slack).
 const INDEX_BYTES_PER_PAGE: u64 = 32;
@@ -123,7 +121,7 @@ impl Slots {
 pub struct FileBackend {
     file: File,
     dir: PathBuf,
-    index: Vec<Mutex<HashMap<(u32, u64), u32>>>,
+    index: PageIndex<u32>,
     slots: Mutex<Slots>,
     max_clusters: u32,
 }
@@ -224,15 +222,10 @@ impl FileBackend {
         Ok(FileBackend {
             file,
             dir: dir.to_path_buf(),
-            index: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            index: PageIndex::new(),
             slots: Mutex::new(Slots::default()),
             max_clusters: (max_bytes / cluster_bytes).clamp(1, u32::MAX as u64 / 64) as u32,
         })
-    }
-
-    fn shard(&self, k: PageKey) -> &Mutex<HashMap<(u32, u64), u32>> {
-        let h = (k.page ^ ((k.region as u64) << 40)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        &self.index[(h >> 58) as usize % SHARDS]
     }
 
     fn failed(&self, what: &str, e: std::io::Error) -> BackendError {
@@ -317,7 +310,7 @@ impl FileBackend {
         }
         let mut old = Vec::new();
         for (&(_, k), &s) in items.iter().zip(&slots) {
-            if let Some(o) = self.shard(k).lock().insert((k.region, k.page), s) {
+            if let Some(o) = self.index.insert(k, s) {
                 old.push(o);
             }
         }
@@ -327,7 +320,7 @@ impl FileBackend {
 
     /// Whether the file holds page `k`.
     pub(crate) fn holds(&self, k: PageKey) -> bool {
-        self.shard(k).lock().contains_key(&(k.region, k.page))
+        self.index.contains(k)
     }
 
     /// Read the pages of `items` into their positions of `buf`.
@@ -338,8 +331,8 @@ impl FileBackend {
     ) -> Result<(), BackendError> {
         let mut placed = Vec::with_capacity(items.len());
         for &(i, k) in items {
-            match self.shard(k).lock().get(&(k.region, k.page)) {
-                Some(&s) => placed.push((i, s)),
+            match self.index.get(k) {
+                Some(s) => placed.push((i, s)),
                 None => {
                     return Err(BackendError::Failed(format!(
                         "page {} of region {} is not in the far file",
@@ -372,17 +365,7 @@ impl Backend for FileBackend {
     }
 
     fn close_region(&self, region: u32) {
-        let mut freed = Vec::new();
-        for s in &self.index {
-            s.lock().retain(|&(r, _), slot| {
-                if r == region {
-                    freed.push(*slot);
-                    false
-                } else {
-                    true
-                }
-            });
-        }
+        let freed = self.index.remove_region(region);
         self.free_slots(&freed);
     }
 
@@ -396,12 +379,8 @@ impl Backend for FileBackend {
     }
 
     fn submit_write(&self, _class: IoClass, keys: Vec<PageKey>, buf: PageBuf) -> Completion {
-        if buf.len() < keys.len() {
-            return Completion::ready(Err(BackendError::Failed(format!(
-                "write of {} pages with a buffer of {}",
-                keys.len(),
-                buf.len()
-            ))));
+        if let Some(short) = short_buffer(&keys, &buf) {
+            return short;
         }
         let items: Vec<(usize, PageKey)> = keys.iter().copied().enumerate().collect();
         match self.write_pages(&items, &buf) {
@@ -413,7 +392,7 @@ impl Backend for FileBackend {
     fn forget(&self, keys: &[PageKey]) {
         let mut freed = Vec::new();
         for &k in keys {
-            if let Some(s) = self.shard(k).lock().remove(&(k.region, k.page)) {
+            if let Some(s) = self.index.remove(k) {
                 freed.push(s);
             }
         }

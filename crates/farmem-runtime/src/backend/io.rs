@@ -162,6 +162,18 @@ impl Completer {
     }
 }
 
+/// The error of a write whose buffer holds fewer pages than it has keys (`None`: it holds
+/// enough).
+pub(crate) fn short_buffer(keys: &[PageKey], buf: &PageBuf) -> Option<Completion> {
+    (buf.len() < keys.len()).then(|| {
+        Completion::ready(Err(BackendError::Failed(format!(
+            "write of {} pages with a buffer of {}",
+            keys.len(),
+            buf.len()
+        ))))
+    })
+}
+
 /// What a far tier holds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FarUsage {

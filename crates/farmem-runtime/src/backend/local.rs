@@ -3,18 +3,14 @@
 //! show the runtime's own overheads.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
-
-use parking_lot::Mutex;
 
 use farmem_proto::{IoClass, PageKey};
 use farmem_sys::mem::PAGE_SIZE;
 
 use super::error::BackendError;
-use super::io::{Backend, Completion, FarUsage, IoDone, PageBuf};
+use super::index::PageIndex;
+use super::io::{short_buffer, Backend, Completion, FarUsage, IoDone, PageBuf};
 use super::slabs::{Slabs, Slot, GRAIN};
-
-const SHARDS: usize = 64;
 
 /// Where a stored page is, and how to read it back.
 #[derive(Clone, Copy)]
@@ -35,7 +31,7 @@ thread_local! {
 
 pub struct LocalBackend {
     lz4: bool,
-    shards: Vec<Mutex<HashMap<(u32, u64), Stored>>>,
+    index: PageIndex<Stored>,
     slabs: Slabs,
 }
 
@@ -50,15 +46,9 @@ impl LocalBackend {
         })?;
         Ok(LocalBackend {
             lz4,
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            index: PageIndex::new(),
             slabs,
         })
-    }
-
-    fn shard(&self, k: PageKey) -> &Mutex<HashMap<(u32, u64), Stored>> {
-        // Neighbouring pages go to different shards so a batch does not serialize on one lock.
-        let h = (k.page ^ ((k.region as u64) << 40)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        &self.shards[(h >> 58) as usize % SHARDS]
     }
 
     /// Store one page: compressed if that saves at least a size class, else raw.
@@ -114,7 +104,7 @@ impl LocalBackend {
             })
         });
         let Some(v) = stored else { return false };
-        if let Some(o) = self.shard(k).lock().insert((k.region, k.page), v) {
+        if let Some(o) = self.index.insert(k, v) {
             self.slabs.free(o.slot);
         }
         true
@@ -122,11 +112,12 @@ impl LocalBackend {
 
     /// Whether the store holds page `k`.
     pub(crate) fn holds(&self, k: PageKey) -> bool {
-        self.shard(k).lock().contains_key(&(k.region, k.page))
+        self.index.contains(k)
     }
 
     pub(crate) fn read_into(&self, k: PageKey, out: &mut [u8]) -> Result<(), BackendError> {
-        let shard = self.shard(k).lock();
+        // The shard stays locked while the slot is read: no one frees it meanwhile.
+        let shard = self.index.shard(k);
         let Some(&s) = shard.get(&(k.region, k.page)) else {
             return Err(BackendError::Failed(format!(
                 "page {} of region {} is not stored",
@@ -166,15 +157,8 @@ impl Backend for LocalBackend {
     }
 
     fn close_region(&self, region: u32) {
-        for s in &self.shards {
-            s.lock().retain(|&(r, _), v| {
-                if r == region {
-                    self.slabs.free(v.slot);
-                    false
-                } else {
-                    true
-                }
-            });
+        for v in self.index.remove_region(region) {
+            self.slabs.free(v.slot);
         }
     }
 
@@ -189,20 +173,15 @@ impl Backend for LocalBackend {
     }
 
     fn submit_write(&self, _class: IoClass, keys: Vec<PageKey>, buf: PageBuf) -> Completion {
-        if buf.len() < keys.len() {
-            return Completion::ready(Err(BackendError::Failed(format!(
-                "write of {} pages with a buffer of {}",
-                keys.len(),
-                buf.len()
-            ))));
+        if let Some(short) = short_buffer(&keys, &buf) {
+            return short;
         }
         for (i, &k) in keys.iter().enumerate() {
             let v = match self.store(buf.page(i)) {
                 Ok(v) => v,
                 Err(e) => return Completion::ready(Err(e)),
             };
-            let old = self.shard(k).lock().insert((k.region, k.page), v);
-            if let Some(o) = old {
+            if let Some(o) = self.index.insert(k, v) {
                 self.slabs.free(o.slot);
             }
         }
@@ -211,8 +190,7 @@ impl Backend for LocalBackend {
 
     fn forget(&self, keys: &[PageKey]) {
         for &k in keys {
-            let old = self.shard(k).lock().remove(&(k.region, k.page));
-            if let Some(o) = old {
+            if let Some(o) = self.index.remove(k) {
                 self.slabs.free(o.slot);
             }
         }
@@ -236,7 +214,7 @@ impl Backend for LocalBackend {
     }
 
     fn usage(&self) -> FarUsage {
-        let pages: u64 = self.shards.iter().map(|s| s.lock().len() as u64).sum();
+        let pages = self.index.len() as u64;
         FarUsage {
             pages,
             stored_bytes: self.slabs.slot_bytes(),

@@ -8,6 +8,7 @@
 
 pub(crate) mod error;
 pub(crate) mod file;
+pub(crate) mod index;
 pub(crate) mod io;
 pub(crate) mod local;
 pub(crate) mod slabs;

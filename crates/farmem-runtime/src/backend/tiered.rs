@@ -14,7 +14,7 @@ use farmem_sys::mem::PAGE_SIZE;
 
 use super::error::BackendError;
 use super::file::FileBackend;
-use super::io::{Backend, Completion, FarUsage, IoDone, PageBuf};
+use super::io::{short_buffer, Backend, Completion, FarUsage, IoDone, PageBuf};
 use super::local::LocalBackend;
 
 /// Largest compressed size kept in memory: a page saving less than a quarter is not worth
@@ -70,12 +70,8 @@ impl Backend for TieredBackend {
     }
 
     fn submit_write(&self, _class: IoClass, keys: Vec<PageKey>, buf: PageBuf) -> Completion {
-        if buf.len() < keys.len() {
-            return Completion::ready(Err(BackendError::Failed(format!(
-                "write of {} pages with a buffer of {}",
-                keys.len(),
-                buf.len()
-            ))));
+        if let Some(short) = short_buffer(&keys, &buf) {
+            return short;
         }
         let mut to_file = Vec::new();
         let mut in_dram = Vec::new();

@@ -1,0 +1,65 @@
+//! Where an in-process or on-disk tier keeps each page: a map from page key to a value
+//! (a slot), in shards so that the threads of a batch do not serialize on one lock.
+
+use std::collections::HashMap;
+
+use parking_lot::{Mutex, MutexGuard};
+
+use farmem_proto::PageKey;
+
+const SHARDS: usize = 64;
+
+pub(crate) struct PageIndex<V> {
+    shards: Vec<Mutex<HashMap<(u32, u64), V>>>,
+}
+
+impl<V: Copy> PageIndex<V> {
+    pub(crate) fn new() -> PageIndex<V> {
+        PageIndex {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+        }
+    }
+
+    /// The shard of `k`, locked. Neighbouring pages go to different shards.
+    pub(crate) fn shard(&self, k: PageKey) -> MutexGuard<'_, HashMap<(u32, u64), V>> {
+        let h = (k.page ^ ((k.region as u64) << 40)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.shards[(h >> 58) as usize % SHARDS].lock()
+    }
+
+    pub(crate) fn get(&self, k: PageKey) -> Option<V> {
+        self.shard(k).get(&(k.region, k.page)).copied()
+    }
+
+    pub(crate) fn contains(&self, k: PageKey) -> bool {
+        self.shard(k).contains_key(&(k.region, k.page))
+    }
+
+    /// Set `k`'s value; the one it replaces, if any.
+    pub(crate) fn insert(&self, k: PageKey, v: V) -> Option<V> {
+        self.shard(k).insert((k.region, k.page), v)
+    }
+
+    pub(crate) fn remove(&self, k: PageKey) -> Option<V> {
+        self.shard(k).remove(&(k.region, k.page))
+    }
+
+    /// Remove every page of `region`; their values.
+    pub(crate) fn remove_region(&self, region: u32) -> Vec<V> {
+        let mut out = Vec::new();
+        for s in &self.shards {
+            s.lock().retain(|&(r, _), v| {
+                if r == region {
+                    out.push(*v);
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        out
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+}
