@@ -51,7 +51,9 @@ mod thread;
 mod watchdog;
 mod workingset;
 
-pub use backend::{check_far_dir, compressed_max, default_far_dir, BackendSpec, TcpSpec};
+pub use backend::{
+    check_far_dir, compressed_max, default_far_dir, far_file_max, BackendSpec, TcpSpec,
+};
 pub use config::{Config, FarCopies, PolicyKind};
 pub use error::{Error, Result};
 pub use farmem_sys::mem::PAGE_SIZE;

@@ -238,3 +238,35 @@ fn the_tiered_store_spills_to_its_file_and_reads_back_right() {
     let s = rt.stats();
     assert_eq!((s.far_pages, s.far_file_bytes), (0, 0), "discarded: {s}");
 }
+
+/// A far file that is full refuses pages: they stay local beyond the budget, the pressure is
+/// counted, and nothing is lost.
+#[test]
+fn a_full_far_file_keeps_pages_local_and_loses_nothing() {
+    let rt = Runtime::new(Config {
+        local_mem: BUDGET,
+        backend: BackendSpec::File {
+            dir: farmem_runtime::default_far_dir(),
+            max_bytes: Some(4 << 20),
+        },
+        evict_batch: 32,
+        ..Config::default()
+    })
+    .expect("a runtime (needs userfaultfd)");
+    let r = rt.create_region(PAGES * PAGE_SIZE).unwrap();
+    for p in 0..PAGES {
+        fill_page(&r, p, |w| pattern(6, p, w));
+    }
+    for p in 0..PAGES {
+        if let Some((w, got, want)) = page_mismatch(&r, p, |w| pattern(6, p, w)) {
+            panic!("page {p} word {w}: read {got:#x}, wrote {want:#x}");
+        }
+    }
+    let s = rt.stats();
+    assert!(s.backend_full > 0, "the file refused pages: {s}");
+    assert!(s.over_budget_pages > 0, "kept local beyond the budget: {s}");
+    assert!(
+        s.far_file_bytes <= 4 << 20,
+        "the file keeps to its limit: {s}"
+    );
+}

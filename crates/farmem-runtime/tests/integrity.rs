@@ -43,6 +43,7 @@ fn random_records_under_churn_in_a_file() {
         local_mem: BUDGET as u64,
         backend: BackendSpec::File {
             dir: farmem_runtime::default_far_dir(),
+            max_bytes: None,
         },
         evict_batch: 32,
         ..Config::default()

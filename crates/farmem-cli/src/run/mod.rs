@@ -320,7 +320,7 @@ fn backend_url(a: &Options) -> Result<String> {
             url = format!("tiered://{}", d.display());
             d
         }
-        BackendSpec::Tiered { dir, .. } | BackendSpec::File { dir } => {
+        BackendSpec::Tiered { dir, .. } | BackendSpec::File { dir, .. } => {
             if a.far_dir.is_some() {
                 bail!("--far-dir and a backend that names its directory ({url}): give one");
             }
@@ -335,6 +335,7 @@ fn backend_url(a: &Options) -> Result<String> {
     if matches!(spec_of(&url)?, BackendSpec::Tiered { .. }) {
         farmem_runtime::compressed_max()?;
     }
+    farmem_runtime::far_file_max()?;
     Ok(url)
 }
 

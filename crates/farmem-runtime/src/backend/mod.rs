@@ -22,22 +22,29 @@ pub use error::BackendError;
 pub use farmem_proto::{IoClass, PageKey};
 pub use file::check_dir as check_far_dir;
 pub use io::{Backend, Completer, Completion, FarUsage, IoDone, PageBuf};
-pub use spec::{compressed_max, default_far_dir, BackendSpec, TcpSpec};
+pub use spec::{compressed_max, default_far_dir, far_file_max, BackendSpec, TcpSpec};
 
 /// Build (and for remote backends, connect) the backend a configuration names.
 pub fn from_spec(spec: &BackendSpec) -> Result<Arc<dyn Backend>, BackendError> {
     Ok(match spec {
         BackendSpec::Local { lz4 } => Arc::new(local::LocalBackend::new(*lz4, local_store_cap())?),
-        BackendSpec::File { dir } => Arc::new(file::FileBackend::new(dir, FILE_MAX)?),
+        BackendSpec::File { dir, max_bytes } => {
+            let max = match max_bytes {
+                Some(m) => *m,
+                None => spec::far_file_max().map_err(config_error)?,
+            };
+            Arc::new(file::FileBackend::new(dir, max)?)
+        }
         BackendSpec::Tiered {
             dir,
             compressed_max,
         } => {
             let cap = match compressed_max {
                 Some(c) => *c,
-                None => spec::compressed_max().map_err(|e| BackendError::Failed(e.to_string()))?,
+                None => spec::compressed_max().map_err(config_error)?,
             };
-            Arc::new(tiered::TieredBackend::new(cap as usize, dir, FILE_MAX)?)
+            let file_max = spec::far_file_max().map_err(config_error)?;
+            Arc::new(tiered::TieredBackend::new(cap as usize, dir, file_max)?)
         }
         BackendSpec::Tcp(t) => Arc::new(tcp::TcpBackend::connect(t.clone())?),
     })
@@ -49,6 +56,6 @@ fn local_store_cap() -> usize {
     (farmem_sys::mem::physical_memory() as usize).max(1 << 30)
 }
 
-/// Most a far file may grow to: no limit of our own (a full disk refuses writes, and the
-/// pages stay local).
-const FILE_MAX: u64 = 1 << 50;
+fn config_error(e: crate::error::Error) -> BackendError {
+    BackendError::Failed(e.to_string())
+}

@@ -15,8 +15,12 @@ use crate::error::{Error, Result};
 pub enum BackendSpec {
     /// Pages kept in this process, outside the regions (the embedded default).
     Local { lz4: bool },
-    /// Pages in an unnamed file in a directory on a disk.
-    File { dir: PathBuf },
+    /// Pages in an unnamed file in a directory on a disk, of at most `max_bytes` (else
+    /// `FARMEM_FAR_FILE_MAX`, else as large as the disk allows).
+    File {
+        dir: PathBuf,
+        max_bytes: Option<u64>,
+    },
     /// Compressed in this process up to a cap, the rest in a file in a directory on a disk
     /// (`farmem run`'s default). The cap: `compressed_max` bytes, else
     /// `FARMEM_COMPRESSED_MAX`, else 20% of physical memory.
@@ -72,7 +76,10 @@ impl BackendSpec {
                     "backend 'file://' needs a directory: file:///var/tmp".into(),
                 ));
             }
-            return Ok(BackendSpec::File { dir: dir.into() });
+            return Ok(BackendSpec::File {
+                dir: dir.into(),
+                max_bytes: None,
+            });
         }
         if let Some(dir) = s.strip_prefix("tiered://") {
             let dir = if dir.is_empty() {
@@ -114,6 +121,18 @@ pub fn compressed_max() -> Result<u64> {
             other => other,
         }),
         None => Ok(farmem_sys::mem::physical_memory() / 5),
+    }
+}
+
+/// Most bytes a far file may hold when its backend names no limit: `FARMEM_FAR_FILE_MAX` (a
+/// size), else no limit of our own (a full disk refuses writes, and the pages stay local).
+pub fn far_file_max() -> Result<u64> {
+    match env("FARMEM_FAR_FILE_MAX") {
+        Some(v) => crate::env::parse_size(&v).map_err(|e| match e {
+            Error::Config(m) => Error::Config(format!("FARMEM_FAR_FILE_MAX: {m}")),
+            other => other,
+        }),
+        None => Ok(1 << 50),
     }
 }
 
@@ -176,7 +195,8 @@ mod tests {
         assert_eq!(
             BackendSpec::parse("file:///var/tmp").unwrap(),
             BackendSpec::File {
-                dir: "/var/tmp".into()
+                dir: "/var/tmp".into(),
+                max_bytes: None
             }
         );
         assert!(BackendSpec::parse("file://").is_err());
