@@ -69,6 +69,10 @@ int fm_init(void);
 void *fm_region_create(size_t size);
 /* Free a region made by fm_region_create (all its pages, local and far). 0 or -1. */
 int fm_region_destroy(void *base);
+/* Change the local budget to `bytes` while running: shrinking evicts at once and returns
+ * when the resident set fits (within 10 s), growing stops evicting. 0, or -1 with a message
+ * in fm_last_error() (below the minimum budget, or it could not shrink in time). */
+int fm_set_local_mem(size_t bytes);
 /* Copy the statistics into *out. 0 or -1. */
 int fm_stats(struct fm_stats *out);
 /* Print the statistics to stderr. (FARMEM_STATS=1 prints them at exit.) */

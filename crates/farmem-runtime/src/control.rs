@@ -39,7 +39,7 @@ pub(crate) fn run(st: Arc<State>) {
             continue;
         }
         if st.wants_free_pages() {
-            let goal = (st.free_target + st.cfg.evict_batch).min(st.budget);
+            let goal = (st.free_target() + st.cfg.evict_batch).min(st.budget());
             while st.free_pages() < goal && !st.shutdown.load(Ordering::Acquire) {
                 if reclaim::evict_batch(&st, st.cfg.evict_batch) == 0 {
                     std::thread::yield_now();

@@ -113,7 +113,7 @@ pub fn hint_slow(addr: usize, len: usize, flags: u32, readahead: i32, ev_prio: u
     // and to a quarter of the budget so one hint cannot thrash the whole local memory.
     let end_addr = addr.saturating_add(len.max(1)).min(reg.end());
     let end_vpn = (end_addr + PAGE_SIZE - 1) >> PAGE_SHIFT;
-    let count = (end_vpn - first_vpn).clamp(1, (st.budget / 4).max(1));
+    let count = (end_vpn - first_vpn).clamp(1, (st.budget() / 4).max(1));
     let max_ra = st.cfg.max_readahead as i64;
     let readahead = (readahead as i64).clamp(-max_ra, max_ra) as isize;
     let write = flags & FM_WRITE != 0;

@@ -34,7 +34,7 @@ pub(crate) fn reserve(st: &State, n: usize) {
             return;
         }
         let cur = st.resident.load(Ordering::Relaxed);
-        if cur + n <= st.budget {
+        if cur + n <= st.budget() {
             if st
                 .resident
                 .compare_exchange_weak(cur, cur + n, Ordering::AcqRel, Ordering::Relaxed)
@@ -63,7 +63,7 @@ pub(crate) fn reserve(st: &State, n: usize) {
             if idle_rounds == 20_000 {
                 tracing::warn!(
                     resident = st.resident.load(Ordering::Relaxed),
-                    budget = st.budget,
+                    budget = st.budget(),
                     tracked = st.policy().len(),
                     "no page can be evicted; waiting for in-flight work"
                 );
@@ -81,7 +81,7 @@ pub(crate) fn reserve(st: &State, n: usize) {
 pub(crate) fn try_reserve(st: &State, n: usize) -> usize {
     let mut cur = st.resident.load(Ordering::Relaxed);
     loop {
-        let take = n.min(st.budget.saturating_sub(cur));
+        let take = n.min(st.budget().saturating_sub(cur));
         if take == 0 {
             return 0;
         }
@@ -102,7 +102,9 @@ pub(crate) fn try_reserve(st: &State, n: usize) -> usize {
 
 fn after_reserve(st: &State, now: usize) {
     st.stats.note_resident(now as u64);
-    if st.budget - now < st.free_target && st.over_budget_once.load(Ordering::Relaxed) {
+    if st.budget().saturating_sub(now) < st.free_target()
+        && st.over_budget_once.load(Ordering::Relaxed)
+    {
         st.kick_control();
     }
 }

@@ -211,7 +211,7 @@ mod tests {
         // The late fetch will want more pages than are free (settled: nothing runs now).
         std::thread::sleep(Duration::from_millis(50));
         let want = st.free_pages() + 1;
-        assert!(want <= st.budget);
+        assert!(want <= st.budget());
 
         let (done_tx, done) = mpsc::channel();
         let dropper = std::thread::spawn(move || {

@@ -22,7 +22,7 @@ use crate::scope::RuntimeScope;
 use crate::state::State;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::workingset::WorkingSet;
-use crate::{control, discard, fault, fork, policy, region, registry, thread, watchdog};
+use crate::{control, discard, fault, fork, policy, reclaim, region, registry, thread, watchdog};
 
 fn refuse_in_child() -> Result<()> {
     if registry::in_child() {
@@ -111,8 +111,8 @@ impl Runtime {
             far_copies,
             io_timeout,
             pid: std::process::id(),
-            budget: cfg.budget_pages(),
-            free_target: cfg.free_target_pages(),
+            budget: AtomicUsize::new(cfg.budget_pages()),
+            free_target: AtomicUsize::new(cfg.free_target_pages()),
             backend,
             policy: Mutex::new(policy::build(cfg.policy)),
             book: Default::default(),
@@ -163,7 +163,7 @@ impl Runtime {
             );
         }
         tracing::debug!(
-            budget_pages = st.budget,
+            budget_pages = st.budget(),
             backend = %st.backend.describe(),
             vectored_unmap = st.unmapper.is_vectored(),
             "farmem runtime started"
@@ -249,6 +249,47 @@ impl Runtime {
         // its answer needs.
         let _scope = RuntimeScope::enter();
         self.owner.st.backend.release_at_exit(release);
+    }
+
+    /// Change the local budget of the running program to `bytes`. Growing only stops
+    /// evictions; shrinking evicts at once, and returns when the resident set fits the new
+    /// budget (or after `deadline`, with an error, if pages in flight kept it from fitting).
+    pub fn set_local_mem(&self, bytes: u64, deadline: Duration) -> Result<()> {
+        let _scope = RuntimeScope::enter();
+        let st = &self.owner.st;
+        let cfg = Config {
+            local_mem: bytes,
+            ..st.cfg.clone()
+        };
+        cfg.validate()?;
+        let pages = cfg.budget_pages();
+        st.free_target
+            .store(cfg.free_target_pages(), Ordering::Relaxed);
+        st.budget.store(pages, Ordering::Release);
+        tracing::info!(budget_pages = pages, "local budget changed");
+        if st.resident.load(Ordering::Acquire) <= pages {
+            return Ok(());
+        }
+        // Over the new budget: the program has needed more than it once, so the control
+        // thread reclaims ahead from now on; this thread evicts down to the budget.
+        st.over_budget_once.store(true, Ordering::Relaxed);
+        let t0 = Instant::now();
+        while st.resident.load(Ordering::Acquire) > pages {
+            let over = st.resident.load(Ordering::Acquire).saturating_sub(pages);
+            if reclaim::evict_batch(st, over.clamp(1, 4096)) == 0 {
+                if t0.elapsed() > deadline {
+                    return Err(Error::Config(format!(
+                        "the resident set ({} pages) did not shrink to the new budget ({pages} \
+                         pages) within {:.1} s",
+                        st.resident.load(Ordering::Relaxed),
+                        deadline.as_secs_f64()
+                    )));
+                }
+                std::thread::yield_now();
+            }
+        }
+        st.kick_control();
+        Ok(())
     }
 
     /// Statistics so far.

@@ -30,9 +30,11 @@ pub(crate) struct State {
     pub policy: Mutex<Box<dyn Policy>>,
     /// Bookkeeping deferred off the fetch path, drained into `policy` (see `book.rs`).
     pub book: Book,
-    /// Budget and free target, in pages.
-    pub budget: usize,
-    pub free_target: usize,
+    /// Budget and free target, in pages (changed while running by
+    /// [`crate::Runtime::set_local_mem`]; read them with [`State::budget`] and
+    /// [`State::free_target`]).
+    pub budget: AtomicUsize,
+    pub free_target: AtomicUsize,
     /// Pages installed plus pages reserved by in-flight fetches.
     pub resident: AtomicUsize,
     pub stats: Stats,
@@ -89,15 +91,27 @@ impl State {
         self.regions.containing(addr)
     }
 
+    /// The local budget now, in pages.
+    #[inline]
+    pub fn budget(&self) -> usize {
+        self.budget.load(Ordering::Relaxed)
+    }
+
+    /// Free pages the control thread keeps available now.
+    #[inline]
+    pub fn free_target(&self) -> usize {
+        self.free_target.load(Ordering::Relaxed)
+    }
+
     pub fn free_pages(&self) -> usize {
-        self.budget
+        self.budget()
             .saturating_sub(self.resident.load(Ordering::Relaxed))
     }
 
     /// Whether the control thread should evict ahead of demand now: the program has needed
     /// more than its budget once, and fewer than `free_target` pages are free.
     pub fn wants_free_pages(&self) -> bool {
-        self.free_pages() < self.free_target && self.over_budget_once.load(Ordering::Relaxed)
+        self.free_pages() < self.free_target() && self.over_budget_once.load(Ordering::Relaxed)
     }
 
     /// Ask the control thread to reclaim (cheap when it is already awake).
@@ -129,7 +143,7 @@ impl State {
         // Latencies still queued belong in the histogram.
         drop(self.policy());
         let mut s = self.stats.snapshot();
-        s.budget_bytes = (self.budget * PAGE_SIZE) as u64;
+        s.budget_bytes = (self.budget() * PAGE_SIZE) as u64;
         s.resident_pages = self.resident.load(Ordering::Relaxed) as u64;
         let far = self.backend.usage();
         s.backend_bytes = far.stored_bytes;

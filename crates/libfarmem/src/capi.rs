@@ -73,6 +73,20 @@ pub extern "C" fn fm_region_destroy(base: *mut c_void) -> c_int {
     })
 }
 
+/// Change the process-wide runtime's local budget to `bytes`: shrinking evicts at once and
+/// returns once the resident set fits (within 10 s), growing stops evicting. 0, or -1 with a
+/// message (a budget below the minimum, or pages in flight that kept it from shrinking).
+#[no_mangle]
+pub extern "C" fn fm_set_local_mem(bytes: usize) -> c_int {
+    guarded(-1, || {
+        Runtime::global()
+            .map_err(|e| e.to_string())?
+            .set_local_mem(bytes as u64, std::time::Duration::from_secs(10))
+            .map_err(|e| e.to_string())?;
+        Ok(0)
+    })
+}
+
 /// Out-of-line part of the hints in `farmem.h`.
 #[no_mangle]
 pub extern "C" fn fm_hint_slow(

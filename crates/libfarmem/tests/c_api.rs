@@ -79,6 +79,13 @@ int main(void) {
            (unsigned long long)s.pages_fetched, (unsigned long long)s.hint_calls,
            (unsigned long long)s.readahead_pages);
     fm_stats_print();
+    /* Resizing: down to 2 MiB evicts at once, below the minimum is refused. */
+    if (fm_set_local_mem(2u << 20) != 0) FAIL("fm_set_local_mem(2M): %s", fm_last_error());
+    if (fm_stats(&s) != 0) FAIL("fm_stats: %s", fm_last_error());
+    if (s.budget_bytes != (2u << 20) || s.resident_pages > (2u << 20) / PAGE)
+        FAIL("after shrinking to 2 MiB: budget %llu, %llu pages resident",
+             (unsigned long long)s.budget_bytes, (unsigned long long)s.resident_pages);
+    if (fm_set_local_mem(4096) != -1) FAIL("a one-page budget was accepted");
 
     if (fm_region_destroy(r) != 0) FAIL("fm_region_destroy: %s", fm_last_error());
     if (fm_region_destroy(r) != -1) FAIL("destroying a region twice succeeded");
