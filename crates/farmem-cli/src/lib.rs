@@ -2,6 +2,7 @@
 //! memory server (`server`, from `farmem-server`) and the benchmark harness (`bench`, from
 //! `farmem-bench`). A library as well, so that tests use its modules directly.
 
+pub mod ctl;
 pub mod demo;
 pub mod run;
 pub mod trace;
@@ -32,6 +33,9 @@ enum Cmd {
     Bench(farmem_bench::Args),
     /// Run an unmodified program with part of its heap in far memory.
     Run(run::Args),
+    /// Change the local budget of a program running under `farmem run`, or watch its memory
+    /// and faults.
+    Ctl(ctl::Args),
     /// Run a program as `run` does and report which code lines cause its far-memory faults,
     /// with flame graphs and a suggested hint per site.
     Trace(trace::Args),
@@ -56,5 +60,6 @@ pub fn main() -> Result<()> {
         Cmd::Server(a) => Ok(farmem_server::run(a)?),
         Cmd::Run(a) => run::run(a),
         Cmd::Trace(a) => trace::run(a),
+        Cmd::Ctl(a) => ctl::run(a),
     }
 }

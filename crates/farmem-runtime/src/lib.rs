@@ -21,6 +21,7 @@
 // The public surface.
 pub mod backend;
 pub mod config;
+pub mod ctl;
 pub mod error;
 pub mod fault_log;
 mod hint;

@@ -149,6 +149,12 @@ fn start() {
         libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
     }
     report::install(stats_at_exit);
+    if let Some(rt) = RUNTIME.get() {
+        if let Err(e) = farmem_runtime::ctl::start(rt) {
+            // Resizing from outside is a convenience: the program runs without it.
+            tracing::warn!("no control socket (farmem ctl will not reach this program): {e}");
+        }
+    }
     if env_flag("FARMEM_STATIC").is_none_or(|v| v.trim() != "0") {
         if let Some(rt) = RUNTIME.get() {
             statics::adopt(rt);

@@ -1,0 +1,99 @@
+//! The control socket: `farmem ctl PID` talks to a running program through it.
+//!
+//! An abstract Unix socket named `farmem-ctl-PID` (no file to leave behind; closed at exec,
+//! when the new image opens its own). Only the program's own user and root may use it
+//! (`SO_PEERCRED`). One request per connection, one line each way:
+//! `local-mem BYTES` → `ok` (the budget changed, and the resident set fits it) or
+//! `error MESSAGE`; `stats` → the statistics as one JSON object.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::time::Duration;
+
+/// How long a shrink may take before the request answers with an error.
+const SHRINK_DEADLINE: Duration = Duration::from_secs(10);
+
+/// The socket name of process `pid`.
+pub fn socket_name(pid: u32) -> String {
+    format!("farmem-ctl-{pid}")
+}
+
+/// Open this process's control socket and serve it on a runtime thread (`farmem-ctl`).
+pub fn start(rt: &crate::Runtime) -> std::io::Result<()> {
+    let _local = crate::scope::LocalScope::enter();
+    let addr = SocketAddr::from_abstract_name(socket_name(std::process::id()))?;
+    let listener = UnixListener::bind_addr(&addr)?;
+    let rt = rt.clone();
+    crate::thread::spawn("farmem-ctl".into(), move || serve(listener, rt))?;
+    Ok(())
+}
+
+/// The uid of the peer of `s`.
+fn peer_uid(s: &UnixStream) -> Option<u32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt fills `cred` (of the size given) for a connected Unix socket.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0).then_some(cred.uid)
+}
+
+/// Serve requests for ever (the thread ends with the process).
+fn serve(listener: UnixListener, rt: crate::Runtime) {
+    // SAFETY: getuid has no preconditions.
+    let me = unsafe { libc::getuid() };
+    for conn in listener.incoming() {
+        let Ok(mut s) = conn else { continue };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+        let reply = match peer_uid(&s) {
+            Some(uid) if uid == me || uid == 0 => answer(&mut s, &rt),
+            _ => "error permission denied: not the program's user\n".to_string(),
+        };
+        let _ = s.write_all(reply.as_bytes());
+    }
+}
+
+fn answer(s: &mut UnixStream, rt: &crate::Runtime) -> String {
+    let mut line = String::new();
+    if BufReader::new(Read::by_ref(s).take(256))
+        .read_line(&mut line)
+        .is_err()
+    {
+        return "error unreadable request\n".into();
+    }
+    let mut words = line.split_whitespace();
+    match (words.next(), words.next()) {
+        (Some("stats"), None) => format!("{}\n", rt.stats().to_json()),
+        (Some("local-mem"), Some(n)) => match n.parse::<u64>() {
+            Ok(bytes) => match rt.set_local_mem(bytes, SHRINK_DEADLINE) {
+                Ok(()) => "ok\n".into(),
+                Err(e) => format!("error {e}\n"),
+            },
+            Err(_) => format!("error not a number of bytes: {n}\n"),
+        },
+        _ => format!("error unknown request: {}\n", line.trim()),
+    }
+}
+
+/// Send one request to process `pid` and return its answer (without the newline).
+pub fn request(pid: u32, req: &str) -> std::io::Result<String> {
+    let addr = SocketAddr::from_abstract_name(socket_name(pid))?;
+    let mut s = UnixStream::connect_addr(&addr)?;
+    s.write_all(format!("{req}\n").as_bytes())?;
+    let mut out = String::new();
+    BufReader::new(s).read_line(&mut out)?;
+    Ok(out.trim_end().to_string())
+}
