@@ -273,6 +273,8 @@ impl Runtime {
         // Over the new budget: the program has needed more than it once, so the control
         // thread reclaims ahead from now on; this thread evicts down to the budget.
         st.over_budget_once.store(true, Ordering::Relaxed);
+        // The control thread evicts too (nothing is free): two threads halve the wait.
+        st.kick_control();
         let t0 = Instant::now();
         while st.resident.load(Ordering::Acquire) > pages {
             let over = st.resident.load(Ordering::Acquire).saturating_sub(pages);
