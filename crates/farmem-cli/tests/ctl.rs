@@ -6,12 +6,7 @@ use std::process::{Command, Stdio};
 
 mod run_support;
 
-use run_support::{compile, farmem_bin, Scratch};
-
-fn child_of(parent: u32) -> u32 {
-    let kids = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).unwrap();
-    kids.split_whitespace().next().unwrap().parse().unwrap()
-}
+use run_support::{child_of, compile, farmem_bin, Scratch};
 
 fn ctl(args: &[&str]) -> std::process::Output {
     Command::new(farmem_bin())

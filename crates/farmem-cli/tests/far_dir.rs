@@ -7,17 +7,7 @@ use std::process::{Command, Stdio};
 
 mod run_support;
 
-use run_support::{compile, farmem_bin, Scratch};
-
-/// The pid of `parent`'s only child.
-fn child_of(parent: u32) -> u32 {
-    let kids = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).unwrap();
-    kids.split_whitespace()
-        .next()
-        .expect("farmem run has started the program")
-        .parse()
-        .unwrap()
-}
+use run_support::{child_of, compile, farmem_bin, Scratch};
 
 /// The targets of `pid`'s open descriptors.
 fn open_files(pid: u32) -> Vec<String> {

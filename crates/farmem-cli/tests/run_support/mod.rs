@@ -480,3 +480,13 @@ pub fn assert_same_stdout(native: &Finished, far: &Finished) {
         );
     }
 }
+
+/// The pid of process `parent`'s first child (the program `farmem run` started).
+pub fn child_of(parent: u32) -> u32 {
+    let kids = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).unwrap();
+    kids.split_whitespace()
+        .next()
+        .expect("farmem run has started the program")
+        .parse()
+        .unwrap()
+}
