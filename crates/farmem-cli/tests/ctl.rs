@@ -1,12 +1,11 @@
 //! `farmem ctl`: a running program's budget changes from outside, its resident set follows at
 //! once, its data stays right, and what cannot be done is refused with the reason.
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
 mod run_support;
 
-use run_support::{child_of, compile, farmem_bin, Scratch};
+use run_support::{compile, farmem_bin, start_until_filled, Scratch};
 
 fn ctl(args: &[&str]) -> std::process::Output {
     Command::new(farmem_bin())
@@ -26,27 +25,21 @@ fn stats(pid: &str) -> serde_json::Value {
 fn a_running_program_is_shrunk_and_grown_from_outside_and_keeps_its_data() {
     let scratch = Scratch::new("ctl");
     let hold = compile("hold", &scratch);
-    let mut run = Command::new(farmem_bin())
-        .args([
-            "run",
-            "--local-mem",
-            "64M",
-            "--backend",
-            "local+lz4://",
-            "--",
-        ])
-        .arg(&hold)
-        .arg("48")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(run.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "filled");
-    let pid = child_of(run.id()).to_string();
+    let (run, pid) = start_until_filled(
+        Command::new(farmem_bin())
+            .args([
+                "run",
+                "--local-mem",
+                "64M",
+                "--backend",
+                "local+lz4://",
+                "--",
+            ])
+            .arg(&hold)
+            .arg("48")
+            .stderr(Stdio::piped()),
+    );
+    let pid = pid.to_string();
     let s = stats(&pid);
     assert_eq!(s["budget_bytes"], 64u64 << 20);
     assert!(

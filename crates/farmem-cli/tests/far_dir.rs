@@ -2,12 +2,11 @@
 //! the program runs, gone when it is killed; a directory that cannot serve is an error before
 //! the program starts, naming the directory and the cause.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 mod run_support;
 
-use run_support::{child_of, compile, farmem_bin, Scratch};
+use run_support::{compile, farmem_bin, start_until_filled, Scratch};
 
 /// The targets of `pid`'s open descriptors.
 fn open_files(pid: u32) -> Vec<String> {
@@ -25,26 +24,15 @@ fn the_far_file_has_no_name_and_nothing_is_left_after_a_kill() {
     let far = scratch.path("far");
     std::fs::create_dir(&far).unwrap();
     // A 1 MiB compressed tier: most of the 32 MiB goes to the file.
-    let mut run = Command::new(farmem_bin())
-        .args(["run", "--local-mem", "2M", "--far-dir"])
-        .arg(&far)
-        .arg("--")
-        .arg(&fill)
-        .args(["32", "wait"])
-        .env("FARMEM_COMPRESSED_MAX", "1M")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(run.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(
-        line.trim(),
-        "filled",
-        "the program filled and checked its memory"
+    let (mut run, prog) = start_until_filled(
+        Command::new(farmem_bin())
+            .args(["run", "--local-mem", "2M", "--far-dir"])
+            .arg(&far)
+            .arg("--")
+            .arg(&fill)
+            .args(["32", "wait"])
+            .env("FARMEM_COMPRESSED_MAX", "1M"),
     );
-    let prog = child_of(run.id());
     let far_str = far.to_string_lossy().into_owned();
     let in_use: Vec<String> = open_files(prog)
         .into_iter()

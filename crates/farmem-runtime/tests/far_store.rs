@@ -29,12 +29,17 @@ fn content(salt: u64, page: usize, w: usize) -> u64 {
     }
 }
 
-fn check_all(r: &farmem_runtime::Region, salt: u64) {
+/// Every page holds `word(page, w)` in its word `w`.
+fn check_pages(r: &farmem_runtime::Region, word: impl Fn(usize, usize) -> u64) {
     for p in 0..PAGES {
-        if let Some((w, got, want)) = page_mismatch(r, p, |w| content(salt, p, w)) {
+        if let Some((w, got, want)) = page_mismatch(r, p, |w| word(p, w)) {
             panic!("page {p} word {w}: read {got:#x}, wrote {want:#x}");
         }
     }
+}
+
+fn check_all(r: &farmem_runtime::Region, salt: u64) {
+    check_pages(r, |p, w| content(salt, p, w));
 }
 
 /// The statistics once the control thread has stopped evicting ahead (an eviction in
@@ -159,11 +164,7 @@ fn clean_copies_stay_until_written_and_rewrites_read_right() {
     for p in 0..PAGES {
         fill_page(&r, p, |w| content(salt(p), p, w));
     }
-    for p in 0..PAGES {
-        if let Some((w, got, want)) = page_mismatch(&r, p, |w| content(salt(p), p, w)) {
-            panic!("page {p} word {w}: read {got:#x}, wrote {want:#x}");
-        }
-    }
+    check_pages(&r, |p, w| content(salt(p), p, w));
     let s = quiet(&rt);
     assert_eq!(
         s.far_pages + s.resident_pages,
@@ -204,11 +205,7 @@ fn the_tiered_store_spills_to_its_file_and_reads_back_right() {
         fill_page(&r, p, |w| word(p, w));
     }
     for _ in 0..2 {
-        for p in 0..PAGES {
-            if let Some((w, got, want)) = page_mismatch(&r, p, |w| word(p, w)) {
-                panic!("page {p} word {w}: read {got:#x}, wrote {want:#x}");
-            }
-        }
+        check_pages(&r, word);
     }
     let s = quiet(&rt);
     // A page is held in memory once (locally or compressed); the file keeps copies of
@@ -257,11 +254,7 @@ fn a_full_far_file_keeps_pages_local_and_loses_nothing() {
     for p in 0..PAGES {
         fill_page(&r, p, |w| pattern(6, p, w));
     }
-    for p in 0..PAGES {
-        if let Some((w, got, want)) = page_mismatch(&r, p, |w| pattern(6, p, w)) {
-            panic!("page {p} word {w}: read {got:#x}, wrote {want:#x}");
-        }
-    }
+    check_pages(&r, |p, w| pattern(6, p, w));
     let s = rt.stats();
     assert!(s.backend_full > 0, "the file refused pages: {s}");
     assert!(s.over_budget_pages > 0, "kept local beyond the budget: {s}");

@@ -490,3 +490,21 @@ pub fn child_of(parent: u32) -> u32 {
         .parse()
         .unwrap()
 }
+
+/// Start `farmem run` (stdout piped) and wait for its program to print `filled`: the
+/// running `farmem run` and the program's pid.
+pub fn start_until_filled(cmd: &mut Command) -> (std::process::Child, u32) {
+    use std::io::{BufRead, BufReader};
+    let mut run = cmd.stdout(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(run.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(
+        line.trim(),
+        "filled",
+        "the program filled and checked its memory"
+    );
+    let pid = child_of(run.id());
+    (run, pid)
+}

@@ -318,11 +318,6 @@ impl FileBackend {
         Ok(())
     }
 
-    /// Whether the file holds page `k`.
-    pub(crate) fn holds(&self, k: PageKey) -> bool {
-        self.index.contains(k)
-    }
-
     /// Read the pages of `items` into their positions of `buf`.
     pub(crate) fn read_pages(
         &self,

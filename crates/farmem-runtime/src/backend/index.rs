@@ -30,10 +30,6 @@ impl<V: Copy> PageIndex<V> {
         self.shard(k).get(&(k.region, k.page)).copied()
     }
 
-    pub(crate) fn contains(&self, k: PageKey) -> bool {
-        self.shard(k).contains_key(&(k.region, k.page))
-    }
-
     /// Set `k`'s value; the one it replaces, if any.
     pub(crate) fn insert(&self, k: PageKey, v: V) -> Option<V> {
         self.shard(k).insert((k.region, k.page), v)

@@ -110,24 +110,38 @@ impl LocalBackend {
         true
     }
 
-    /// Whether the store holds page `k`.
-    pub(crate) fn holds(&self, k: PageKey) -> bool {
-        self.index.contains(k)
+    /// Forget page `k`; whether the store held it.
+    pub(crate) fn take(&self, k: PageKey) -> bool {
+        match self.index.remove(k) {
+            Some(o) => {
+                self.slabs.free(o.slot);
+                true
+            }
+            None => false,
+        }
     }
 
-    pub(crate) fn read_into(&self, k: PageKey, out: &mut [u8]) -> Result<(), BackendError> {
+    fn read_into(&self, k: PageKey, out: &mut [u8]) -> Result<(), BackendError> {
+        if self.try_read_into(k, out)? {
+            return Ok(());
+        }
+        Err(BackendError::Failed(format!(
+            "page {} of region {} is not stored",
+            k.page, k.region
+        )))
+    }
+
+    /// Read page `k` into `out` if the store holds it (`false` if not: one lookup for both).
+    pub(crate) fn try_read_into(&self, k: PageKey, out: &mut [u8]) -> Result<bool, BackendError> {
         // The shard stays locked while the slot is read: no one frees it meanwhile.
         let shard = self.index.shard(k);
         let Some(&s) = shard.get(&(k.region, k.page)) else {
-            return Err(BackendError::Failed(format!(
-                "page {} of region {} is not stored",
-                k.page, k.region
-            )));
+            return Ok(false);
         };
         if s.lz4_len == 0 {
             // SAFETY: the slot is live while its entry is in the shard, whose lock we hold.
             out.copy_from_slice(unsafe { self.slabs.bytes(s.slot, PAGE_SIZE) });
-            return Ok(());
+            return Ok(true);
         }
         // SAFETY: as above.
         let c = unsafe { self.slabs.bytes(s.slot, s.lz4_len as usize) };
@@ -143,7 +157,7 @@ impl LocalBackend {
                 k.page, k.region
             )));
         }
-        Ok(())
+        Ok(true)
     }
 }
 
@@ -190,9 +204,7 @@ impl Backend for LocalBackend {
 
     fn forget(&self, keys: &[PageKey]) {
         for &k in keys {
-            if let Some(o) = self.index.remove(k) {
-                self.slabs.free(o.slot);
-            }
+            self.take(k);
         }
     }
 

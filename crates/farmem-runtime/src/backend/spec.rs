@@ -115,25 +115,26 @@ pub fn default_far_dir() -> PathBuf {
 /// Most bytes the compressed tier of `tiered://` holds: `FARMEM_COMPRESSED_MAX` (a size or a
 /// percentage of physical memory), by default 20% of physical memory (zswap's default pool).
 pub fn compressed_max() -> Result<u64> {
-    match env("FARMEM_COMPRESSED_MAX") {
-        Some(v) => crate::env::parse_budget(&v).map_err(|e| match e {
-            Error::Config(m) => Error::Config(format!("FARMEM_COMPRESSED_MAX: {m}")),
-            other => other,
-        }),
-        None => Ok(farmem_sys::mem::physical_memory() / 5),
-    }
+    env_size("FARMEM_COMPRESSED_MAX", crate::env::parse_budget)
+        .map(|v| v.unwrap_or(farmem_sys::mem::physical_memory() / 5))
 }
 
 /// Most bytes a far file may hold when its backend names no limit: `FARMEM_FAR_FILE_MAX` (a
 /// size), else no limit of our own (a full disk refuses writes, and the pages stay local).
 pub fn far_file_max() -> Result<u64> {
-    match env("FARMEM_FAR_FILE_MAX") {
-        Some(v) => crate::env::parse_size(&v).map_err(|e| match e {
-            Error::Config(m) => Error::Config(format!("FARMEM_FAR_FILE_MAX: {m}")),
-            other => other,
-        }),
-        None => Ok(1 << 50),
-    }
+    env_size("FARMEM_FAR_FILE_MAX", crate::env::parse_size).map(|v| v.unwrap_or(1 << 50))
+}
+
+/// Variable `name` read with `parse`, its name in the error.
+fn env_size(name: &str, parse: fn(&str) -> Result<u64>) -> Result<Option<u64>> {
+    env(name)
+        .map(|v| {
+            parse(&v).map_err(|e| match e {
+                Error::Config(m) => Error::Config(format!("{name}: {m}")),
+                other => other,
+            })
+        })
+        .transpose()
 }
 
 fn parse_tcp(rest: &str) -> Result<TcpSpec> {

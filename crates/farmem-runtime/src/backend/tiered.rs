@@ -55,12 +55,10 @@ impl Backend for TieredBackend {
         buf.set_len(keys.len());
         let mut from_file = Vec::new();
         for (i, &k) in keys.iter().enumerate() {
-            if self.dram.holds(k) {
-                if let Err(e) = self.dram.read_into(k, buf.page_mut(i)) {
-                    return Completion::ready(Err(e));
-                }
-            } else {
-                from_file.push((i, k));
+            match self.dram.try_read_into(k, buf.page_mut(i)) {
+                Ok(true) => {}
+                Ok(false) => from_file.push((i, k)),
+                Err(e) => return Completion::ready(Err(e)),
             }
         }
         match self.file.read_pages(&from_file, &mut buf) {
@@ -86,11 +84,7 @@ impl Backend for TieredBackend {
         if let Err(e) = self.file.write_pages(&to_file, &buf) {
             return Completion::ready(Err(e));
         }
-        let stale: Vec<PageKey> = in_dram
-            .into_iter()
-            .filter(|&k| self.file.holds(k))
-            .collect();
-        self.file.forget(&stale);
+        self.file.forget(&in_dram);
         let moved: Vec<PageKey> = to_file.iter().map(|&(_, k)| k).collect();
         self.dram.forget(&moved);
         Completion::ready(Ok(IoDone { keys, buf }))
@@ -107,15 +101,7 @@ impl Backend for TieredBackend {
 
     /// Compressed copies go (memory), copies in the file stay (disk).
     fn forget_fetched(&self, keys: &[PageKey]) -> Vec<bool> {
-        keys.iter()
-            .map(|&k| {
-                let in_dram = self.dram.holds(k);
-                if in_dram {
-                    self.dram.forget(&[k]);
-                }
-                in_dram
-            })
-            .collect()
+        keys.iter().map(|&k| self.dram.take(k)).collect()
     }
 
     fn stored_bytes(&self) -> u64 {
