@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use crate::fault::FaultServer;
 use crate::fetch::readahead;
+use crate::gate;
 use crate::reclaim;
 use crate::state::State;
 
@@ -27,32 +28,41 @@ pub(crate) fn run(st: Arc<State>) {
     let tick = Duration::from_micros(st.cfg.steal_after_us.clamp(100, 10_000));
     let mut stealer = FaultServer::new();
     while !st.shutdown.load(Ordering::Acquire) {
-        readahead::sweep(&st, Duration::from_millis(50));
-        // The fetch paths' queued bookkeeping, in one batch.
-        drop(st.policy());
-        let busy = st.fault_busy_since.load(Ordering::Acquire);
-        if busy != 0 && st.now_ns().saturating_sub(busy) > steal_after {
-            stealer.steal(&st);
-        }
-        if st.reclaim_paused.load(Ordering::Acquire) {
-            std::thread::sleep(Duration::from_millis(1));
+        if round(&st, &mut stealer, steal_after) {
             continue;
         }
-        if st.wants_free_pages() {
-            let goal = (st.free_target() + st.cfg.evict_batch).min(st.budget());
-            while st.free_pages() < goal && !st.shutdown.load(Ordering::Acquire) {
-                if reclaim::evict_batch(&st, st.cfg.evict_batch) == 0 {
-                    std::thread::yield_now();
-                    break;
-                }
-            }
-            continue;
-        }
-        let mut g = st.control_lock.lock();
+        let g = st.control_lock.lock().unwrap_or_else(|p| p.into_inner());
         st.control_sleeping.store(true, Ordering::SeqCst);
         if !st.wants_free_pages() && !st.shutdown.load(Ordering::Acquire) {
-            st.control_cv.wait_for(&mut g, tick);
+            drop(st.control_cv.wait_timeout(g, tick));
         }
         st.control_sleeping.store(false, Ordering::SeqCst);
     }
+}
+
+/// One round of work, inside the fork gate. Whether to go on at once (rather than sleep).
+fn round(st: &Arc<State>, stealer: &mut FaultServer, steal_after: u64) -> bool {
+    let _pass = gate::enter();
+    readahead::sweep(st, Duration::from_millis(50));
+    // The fetch paths' queued bookkeeping, in one batch.
+    drop(st.policy());
+    let busy = st.fault_busy_since.load(Ordering::Acquire);
+    if busy != 0 && st.now_ns().saturating_sub(busy) > steal_after {
+        stealer.steal(st);
+    }
+    if st.reclaim_paused.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(1));
+        return true;
+    }
+    if st.wants_free_pages() {
+        let goal = (st.free_target() + st.cfg.evict_batch).min(st.budget());
+        while st.free_pages() < goal && !st.shutdown.load(Ordering::Acquire) {
+            if reclaim::evict_batch(st, st.cfg.evict_batch) == 0 {
+                std::thread::yield_now();
+                break;
+            }
+        }
+        return true;
+    }
+    false
 }

@@ -25,6 +25,7 @@ use crate::fetch::demand;
 use crate::fetch::phases::prefetch_deadline;
 use crate::fetch::readahead;
 use crate::fetch::request::{Mode, Request};
+use crate::gate;
 use crate::page::table;
 use crate::predict::{Prediction, Predictor};
 use crate::state::State;
@@ -255,12 +256,14 @@ pub(crate) fn run(st: Arc<State>) {
         },
     ];
     while !st.shutdown.load(Ordering::Acquire) {
+        let pass = gate::enter();
         st.fault_busy_since.store(st.now_ns(), Ordering::Release);
         let n = server.poll_events(&st);
         server.retry_pending(&st);
         // Prefetches that have arrived are mapped now, before the program reaches them.
         readahead::complete_arrived(&st);
         st.fault_busy_since.store(0, Ordering::Release);
+        drop(pass);
         if n > 0 {
             last_event = Instant::now();
             continue;

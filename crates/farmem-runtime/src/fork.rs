@@ -2,37 +2,60 @@
 //!
 //! A child made by `fork()` gets a copy of the address space but not the userfaultfd
 //! registration (the kernel drops it unless `UFFD_FEATURE_EVENT_FORK` is asked for) and not
-//! the runtime's threads. A page that is far at the moment of the fork would read as zeros
-//! in the child. So before every fork (a `pthread_atfork` prepare handler) each runtime
-//! pauses reclaim, waits for the eviction batch in progress, and brings every far page back
-//! into local memory, beyond the budget if need be; the child then inherits all of its
-//! memory as ordinary copy-on-write pages, exactly as under plain Linux. After the fork the
-//! parent resumes reclaim and evicts back down to its budget.
+//! the runtime's threads: a page that is far at the moment of the fork would read as zeros
+//! in the child. Two ways out, chosen per fork:
 //!
-//! Cost: a fork takes time proportional to the far part of the heap (a fetch of every far
-//! page, ~1 GiB/s with the local backend here) and the parent holds its whole heap locally
-//! for a moment. The child runs without far memory: its runtime threads did not survive the
-//! fork, so it keeps everything local (hints become no-ops, new regions are refused).
+//! - **Far pages stay far** (every in-process store: `local://`, `file://`, `tiered://`).
+//!   The prepare handler closes the fork gate (`gate.rs`): new runtime work waits and the
+//!   work inside finishes, so at the fork no runtime lock is held and no page is in
+//!   transition; read-ahead in flight is installed first. The child then takes the runtime
+//!   over, on the memory it inherited: a new userfaultfd under the old descriptor number,
+//!   its regions registered again, new threads, and its own copy of the far store (the
+//!   compressed tier is its memory; a file tier reads the parent's file, which keeps those
+//!   slots for it, and writes a file of its own). The child has a budget of its own, the
+//!   parent's. Pages the parent had write-protected are writable in the child (the kernel
+//!   drops the protection with the registration): they are dirty there. A fork then costs
+//!   what it costs under Linux, plus a walk over the page table in the child.
+//! - **Far pages come back** (a memory server: the child cannot share the connection).
+//!   Each runtime pauses reclaim, waits for the eviction batch in progress, and brings every
+//!   far page back into local memory, beyond the budget if need be; the child then runs
+//!   with its memory all local (hints become no-ops, new regions are refused). The parent
+//!   evicts back down to its budget after the fork. Cost: a fetch of every far page.
+//!
 //! `posix_spawn` and `vfork` (what `system()` and most `subprocess` calls use) do not run
 //! fork handlers and cost nothing.
 
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Once};
 
+use farmem_sys::mem::PAGE_SIZE;
+use farmem_sys::signals::BlockAll;
+use farmem_sys::uffd;
 use parking_lot::lock_api::RawRwLock as _;
 use parking_lot::Mutex;
 
 use crate::fetch::demand;
 use crate::fetch::readahead;
 use crate::fetch::request::{Mode, Request};
+use crate::gate;
 use crate::page::table;
 use crate::registry::{self, in_child};
-use crate::scope::RuntimeScope;
+use crate::scope::LocalScope;
 use crate::state::State;
 use crate::stats::add;
 
-/// Runtimes paused by the prepare handler, resumed by the parent handler.
-static PAUSED: Mutex<Vec<Arc<State>>> = Mutex::new(Vec::new());
+/// How the fork under way treats far memory.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Way {
+    /// Nothing to do: no runtime, or a child of a child whose memory is all local.
+    None,
+    KeepFar,
+    BringBack,
+}
+
+/// The runtimes of the fork under way (prepare handler to parent or child handler).
+static FORKING: Mutex<(Vec<Arc<State>>, Option<Way>)> = Mutex::new((Vec::new(), None));
 
 /// Install the fork handlers (once per process).
 pub(crate) fn install_handlers() {
@@ -55,32 +78,126 @@ fn no_unwind(what: &str, f: impl FnOnce()) {
 }
 
 extern "C" fn prepare() {
-    let _scope = RuntimeScope::enter();
+    let _signals = BlockAll::enter();
+    let _local = LocalScope::enter();
     no_unwind("prepare", || {
         if in_child() {
-            return; // a child of a child: nothing is far here
+            *FORKING.lock() = (Vec::new(), Some(Way::None));
+            return; // a child of a child that brought its pages back: nothing is far here
         }
+        let keep_far = registry::live_runtimes()
+            .iter()
+            .all(|st| st.backend.fork_keeps_far());
+        let way = if keep_far {
+            // From here until the parent or child handler, this thread alone is inside
+            // the runtime.
+            gate::close();
+            let runtimes = registry::live_runtimes();
+            for st in &runtimes {
+                readahead::complete_range(st, 0, usize::MAX);
+                st.backend.fork_prepare();
+            }
+            *FORKING.lock() = (runtimes, Some(Way::KeepFar));
+            return;
+        } else {
+            Way::BringBack
+        };
+        let _pass = gate::enter();
         let runtimes = registry::live_runtimes();
         for st in &runtimes {
             pause(st);
         }
-        *PAUSED.lock() = runtimes;
+        *FORKING.lock() = (runtimes, Some(way));
     })
 }
 
 extern "C" fn parent() {
     no_unwind("parent", || {
-        for st in PAUSED.lock().drain(..) {
-            resume(&st);
+        let (runtimes, way) = std::mem::take(&mut *FORKING.lock());
+        match way {
+            Some(Way::KeepFar) => {
+                for st in &runtimes {
+                    st.backend.fork_parent();
+                }
+                gate::open();
+            }
+            Some(Way::BringBack) => {
+                for st in &runtimes {
+                    resume(st);
+                }
+            }
+            _ => {}
         }
     })
 }
 
 extern "C" fn child() {
-    registry::enter_child();
-    // The paused runtimes stay paused (their threads do not exist here); their locks are
-    // never taken again in this process.
-    std::mem::forget(std::mem::take(&mut *PAUSED.lock()));
+    let (runtimes, way) = std::mem::take(&mut *FORKING.lock());
+    match way {
+        Some(Way::KeepFar) => {
+            no_unwind("child", || {
+                for st in &runtimes {
+                    take_over(st);
+                }
+            });
+            gate::open();
+        }
+        Some(Way::BringBack) => {
+            registry::enter_child();
+            // The paused runtimes stay paused (their threads do not exist here); their
+            // locks are never taken again in this process.
+            std::mem::forget(runtimes);
+        }
+        _ => {}
+    }
+}
+
+/// In the child: make the runtime this process's own (see the module's comment).
+fn take_over(st: &Arc<State>) {
+    let fail = |what: &str, e: &dyn std::fmt::Display| -> ! {
+        farmem_sys::process::fatal(&format!(
+            "fork: the child cannot keep its far memory: {what}: {e}"
+        ))
+    };
+    st.pid.store(std::process::id(), Ordering::Relaxed);
+    // Its statistics are its own: what the parent did is counted in the parent.
+    st.stats.c.reset();
+    if let Err(e) = st.uffd.reopen_in_child() {
+        fail("opening a userfaultfd", &e);
+    }
+    // SAFETY: eventfd has no memory-safety preconditions.
+    let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if efd < 0 {
+        fail("eventfd", &std::io::Error::last_os_error());
+    }
+    // SAFETY: fresh descriptor from the kernel.
+    let efd = unsafe { OwnedFd::from_raw_fd(efd) };
+    if let Err(e) = farmem_sys::mem::replace_fd(st.wake_fd.as_raw_fd(), efd) {
+        fail("eventfd", &e);
+    }
+    st.unmapper.reopen_in_child();
+    for reg in st.regions.all() {
+        if let Err(e) = st.uffd.register(
+            reg.base,
+            reg.npages * PAGE_SIZE,
+            uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP,
+        ) {
+            fail("registering a region", &e);
+        }
+        // The kernel dropped the write protection with the registration.
+        for vpn in reg.first_vpn()..reg.end_vpn() {
+            table::slot(vpn)
+                .update(|w| (w.is_present() && !w.is_writable()).then(|| w.unprotected()));
+        }
+    }
+    st.backend.fork_child();
+    // The parent's threads do not exist here: their handles are never joined.
+    std::mem::forget(std::mem::take(&mut *st.threads.lock()));
+    st.fault_busy_since.store(0, Ordering::Relaxed);
+    st.control_sleeping.store(false, Ordering::Relaxed);
+    if let Err(e) = crate::workers::start(st) {
+        fail("starting its threads", &e);
+    }
 }
 
 /// Stop reclaim, wait for the batch in flight, and bring every far page back.

@@ -104,10 +104,11 @@ pub fn hint_slow(addr: usize, len: usize, flags: u32, readahead: i32, ev_prio: u
             return;
         }
     }
+    // The registry's lock is taken inside the fork gate, as every runtime lock is.
+    let _scope = RuntimeScope::enter();
     let Some((st, reg)) = registry::lookup(addr) else {
         return;
     };
-    let _scope = RuntimeScope::enter();
     add(&st.stats.c.hint_calls, 1);
     // Clip the range to the region (a huge length is not an error, just more than exists),
     // and to a quarter of the budget so one hint cannot thrash the whole local memory.

@@ -40,6 +40,7 @@ mod env;
 mod fault;
 mod fetch;
 mod fork;
+mod gate;
 mod page;
 mod policy;
 mod predict;
@@ -50,6 +51,7 @@ mod registry;
 mod state;
 mod thread;
 mod watchdog;
+mod workers;
 mod workingset;
 
 pub use backend::{
@@ -64,3 +66,10 @@ pub use stats::StatsSnapshot;
 
 // The wire's page is the machine's page.
 const _: () = assert!(farmem_proto::PAGE_SIZE == farmem_sys::mem::PAGE_SIZE);
+
+/// Whether this process is a child forked from a far-memory process whose far pages were
+/// brought back for the fork (a memory server's): its memory is all local and it has no
+/// runtime. A child of an in-process store keeps its far memory and runtime: false there.
+pub fn forked_child_is_local() -> bool {
+    registry::in_child()
+}

@@ -6,12 +6,11 @@
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use farmem_sys::mem::{Unmapper, PAGE_SHIFT, PAGE_SIZE};
 use farmem_sys::uffd::{self, Uffd};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 
 use crate::backend::{self, BackendSpec};
 use crate::config::{Config, FarCopies, PolicyKind};
@@ -22,7 +21,7 @@ use crate::scope::RuntimeScope;
 use crate::state::State;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::workingset::WorkingSet;
-use crate::{control, discard, fault, fork, policy, reclaim, region, registry, thread, watchdog};
+use crate::{discard, fork, policy, reclaim, region, registry, workers};
 
 fn refuse_in_child() -> Result<()> {
     if registry::in_child() {
@@ -43,7 +42,6 @@ static GLOBAL: OnceLock<std::result::Result<Runtime, String>> = OnceLock::new();
 /// What the last handle of a runtime owns: its state and its threads.
 struct Owner {
     st: Arc<State>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Drop for Owner {
@@ -59,7 +57,8 @@ impl Drop for Owner {
             )
         };
         self.st.wake_all();
-        for t in self.threads.lock().drain(..) {
+        let threads = std::mem::take(&mut *self.st.threads.lock());
+        for t in threads {
             let _ = t.join();
         }
         if self.st.cfg.stats_at_exit {
@@ -110,7 +109,8 @@ impl Runtime {
         let st = Arc::new(State {
             far_copies,
             io_timeout,
-            pid: std::process::id(),
+            pid: AtomicU32::new(std::process::id()),
+            threads: Mutex::new(Vec::new()),
             budget: AtomicUsize::new(cfg.budget_pages()),
             free_target: AtomicUsize::new(cfg.free_target_pages()),
             backend,
@@ -125,11 +125,11 @@ impl Runtime {
             resident: AtomicUsize::new(0),
             stats: Stats::default(),
             shutdown: AtomicBool::new(false),
-            control_lock: Mutex::new(()),
-            control_cv: Condvar::new(),
+            control_lock: Default::default(),
+            control_cv: Default::default(),
             control_sleeping: AtomicBool::new(false),
-            watchdog_lock: Mutex::new(()),
-            watchdog_cv: Condvar::new(),
+            watchdog_lock: Default::default(),
+            watchdog_cv: Default::default(),
             wake_fd,
             fault_busy_since: AtomicU64::new(0),
             epoch: Instant::now(),
@@ -142,38 +142,15 @@ impl Runtime {
             over_budget_once: AtomicBool::new(false),
             evict_gate: Default::default(),
         });
-        let mut threads = Vec::new();
-        for i in 0..st.cfg.fault_threads {
-            let s = st.clone();
-            threads.push(
-                thread::spawn(format!("farmem-fault-{i}"), move || fault::run(s))
-                    .map_err(|e| Error::sys("starting fault thread", e))?,
-            );
-        }
-        let s = st.clone();
-        threads.push(
-            thread::spawn("farmem-control".into(), move || control::run(s))
-                .map_err(|e| Error::sys("starting control thread", e))?,
-        );
-        if watchdog::bound(&st).is_some() {
-            let s = st.clone();
-            threads.push(
-                thread::spawn("farmem-watchdog".into(), move || watchdog::run(s))
-                    .map_err(|e| Error::sys("starting the watchdog thread", e))?,
-            );
-        }
+        let owner = Arc::new(Owner { st: st.clone() });
+        workers::start(&st)?;
         tracing::debug!(
             budget_pages = st.budget(),
             backend = %st.backend.describe(),
             vectored_unmap = st.unmapper.is_vectored(),
             "farmem runtime started"
         );
-        Ok(Runtime {
-            owner: Arc::new(Owner {
-                st,
-                threads: Mutex::new(threads),
-            }),
-        })
+        Ok(Runtime { owner })
     }
 
     /// The process-wide runtime configured from `FARMEM_*` environment variables (what the C
@@ -241,7 +218,7 @@ impl Runtime {
     /// `false` takes it back (an exec that failed). Does nothing in a child forked from the
     /// program, whose connections are its parent's.
     pub fn release_at_exit(&self, release: bool) {
-        if registry::in_child() || std::process::id() != self.owner.st.pid {
+        if registry::in_child() || std::process::id() != self.owner.st.pid.load(Ordering::Relaxed) {
             return;
         }
         // On a program thread that may fault on far memory: what the wait allocates (its
@@ -391,6 +368,7 @@ impl Runtime {
     /// copies are dropped, far copies forgotten, and the pages read as zeros afterwards.
     /// Returns how many of them were local. Partial pages at the ends are included.
     pub fn discard(&self, addr: usize, len: usize) -> usize {
+        let _pass = crate::gate::enter();
         let st = self.state();
         let end = addr.saturating_add(len);
         let mut dropped = 0;

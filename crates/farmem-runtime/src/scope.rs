@@ -53,11 +53,14 @@ impl Drop for LocalScope {
 }
 
 /// A program thread inside the runtime (a hint's fetch, a discard, a fork's preparation):
-/// allocations stay local, and asynchronous signals wait until it leaves. The thread may
+/// allocations stay local, asynchronous signals wait until it leaves, and a fork waits for
+/// it (`gate.rs`). The thread may
 /// hold page locks and a backend connection; a handler of the program that touched one of
 /// those pages would wait for the very thread it interrupted.
 pub(crate) struct RuntimeScope {
-    // Dropped in this order: signals come back after allocations are the program's again.
+    // Dropped in this order: out of the fork gate, then allocations are the program's
+    // again, then signals come back.
+    _gate: crate::gate::Pass,
     _local: LocalScope,
     _signals: BlockAll,
 }
@@ -66,6 +69,7 @@ impl RuntimeScope {
     pub(crate) fn enter() -> RuntimeScope {
         let signals = BlockAll::enter();
         RuntimeScope {
+            _gate: crate::gate::enter(),
             _local: LocalScope::enter(),
             _signals: signals,
         }

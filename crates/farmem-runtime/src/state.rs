@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use farmem_sys::mem::{Unmapper, PAGE_SIZE};
 use farmem_sys::uffd::Uffd;
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 
 use crate::backend::io::Backend;
 use crate::book::Book;
@@ -39,13 +39,14 @@ pub(crate) struct State {
     pub resident: AtomicUsize,
     pub stats: Stats,
     pub shutdown: AtomicBool,
-    /// Control thread wake-up.
-    pub control_lock: Mutex<()>,
-    pub control_cv: Condvar,
+    /// Control thread wake-up. The sleeps are the standard library's futex-based ones: they
+    /// keep no queue of sleepers in memory, which a forked child would inherit (`gate.rs`).
+    pub control_lock: std::sync::Mutex<()>,
+    pub control_cv: std::sync::Condvar,
     pub control_sleeping: AtomicBool,
     /// The watchdog's sleep (woken at shutdown).
-    pub watchdog_lock: Mutex<()>,
-    pub watchdog_cv: Condvar,
+    pub watchdog_lock: std::sync::Mutex<()>,
+    pub watchdog_cv: std::sync::Condvar,
     /// eventfd that wakes the fault threads out of poll() at shutdown.
     pub wake_fd: OwnedFd,
     /// Nanoseconds since `epoch` at which the fault thread began serving its current batch
@@ -75,8 +76,11 @@ pub(crate) struct State {
     pub workingset: WorkingSet,
     /// Longest wait for one backend answer ([`Config::io_timeout_s`], or the backend's own).
     pub io_timeout: Duration,
-    /// The process that started the runtime (a forked or vforked child is another).
-    pub pid: u32,
+    /// The process the runtime serves: the one that started it, or the forked child that
+    /// took it over (`fork.rs`); a vforked child is another.
+    pub pid: AtomicU32,
+    /// The runtime's threads (fault threads, control, watchdog), joined at shutdown.
+    pub threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// Which far copies of local pages are kept ([`crate::Config::far_copies`]).
     pub far_copies: FarCopies,
 }

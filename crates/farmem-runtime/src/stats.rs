@@ -48,6 +48,11 @@ macro_rules! counters {
         }
 
         impl Counters {
+            /// Back to zero (a forked child counts its own work only).
+            pub(crate) fn reset(&self) {
+                $(self.$name.store(0, Ordering::Relaxed);)*
+            }
+
             fn load_into(&self, s: &mut StatsSnapshot) {
                 $(s.$name = self.$name.load(Ordering::Relaxed);)*
             }

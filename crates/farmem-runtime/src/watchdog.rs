@@ -48,11 +48,11 @@ pub(crate) fn run(st: Arc<State>) {
     let mut reported_unread = false;
     loop {
         {
-            let mut g = st.watchdog_lock.lock();
+            let g = st.watchdog_lock.lock().unwrap_or_else(|p| p.into_inner());
             if st.shutdown.load(Ordering::Acquire) {
                 return;
             }
-            st.watchdog_cv.wait_for(&mut g, tick);
+            drop(st.watchdog_cv.wait_timeout(g, tick));
             if st.shutdown.load(Ordering::Acquire) {
                 return;
             }

@@ -1,7 +1,7 @@
 //! Memory syscalls: anonymous mappings, vectored unmap with `process_madvise`, futexes.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 pub const PAGE_SIZE: usize = 4096;
@@ -149,6 +149,18 @@ pub fn madvise(p: usize, len: usize, advice: i32) -> io::Result<()> {
         .map_err(io_err)
 }
 
+/// Make descriptor number `old` refer to what `new` refers to (close-on-exec), and close
+/// `new`: after a fork, a descriptor that names the parent's object is made to name the
+/// child's own while everything that holds the number keeps working.
+pub fn replace_fd(old: RawFd, new: OwnedFd) -> io::Result<()> {
+    // SAFETY: dup3 onto a descriptor this process holds open; `new` is closed on drop.
+    let rc = unsafe { libc::dup3(new.as_raw_fd(), old, libc::O_CLOEXEC) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 const SYS_PIDFD_OPEN: libc::c_long = 434;
 const SYS_PROCESS_MADVISE: libc::c_long = 440;
 /// `UIO_MAXIOV`: the most iovecs one call takes.
@@ -174,6 +186,23 @@ impl Unmapper {
         };
         let vectored = AtomicBool::new(pidfd.is_some());
         Unmapper { pidfd, vectored }
+    }
+
+    /// In a child made by `fork()`: the inherited descriptor names the parent, whose pages a
+    /// vectored discard would drop. Point it at this process instead (same number), or stop
+    /// using it if that fails.
+    pub fn reopen_in_child(&self) {
+        let Some(old) = &self.pidfd else { return };
+        // SAFETY: pidfd_open(getpid(), 0) only creates a descriptor for our own process.
+        let fd = unsafe { libc::syscall(SYS_PIDFD_OPEN, libc::getpid(), 0) };
+        let ok = fd >= 0 && {
+            // SAFETY: fresh descriptor from the kernel, owned here.
+            let new = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+            replace_fd(old.as_raw_fd(), new).is_ok()
+        };
+        if !ok {
+            self.vectored.store(false, Ordering::Relaxed);
+        }
     }
 
     /// Whether the vectored path is (still) in use.

@@ -209,6 +209,20 @@ impl Uffd {
         self.fd.as_raw_fd()
     }
 
+    /// In a child made by `fork()`: the inherited descriptor is the parent's userfaultfd
+    /// (whose registrations the child's mappings lost). Open a new one with the same
+    /// features under the same number; ranges must be registered again.
+    pub fn reopen_in_child(&self) -> io::Result<()> {
+        let fd = open_raw()?;
+        let mut api = UffdioApi {
+            api: UFFD_API,
+            features: self.features,
+            ioctls: 0,
+        };
+        ioctl(fd.as_raw_fd(), UFFDIO_API, &mut api)?;
+        crate::mem::replace_fd(self.raw(), fd)
+    }
+
     /// Register `[start, start+len)` for missing and write-protect faults; returns the ioctl
     /// bit set the kernel allows on the range.
     pub fn register(&self, start: usize, len: usize, mode: u64) -> io::Result<u64> {

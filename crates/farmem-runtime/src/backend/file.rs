@@ -9,11 +9,18 @@
 //! the pool and its disk space to the file system (a punched hole). A full or failing disk
 //! refuses the write ([`BackendError::Full`] / `Failed`): the runtime keeps those pages local
 //! and says so; nothing is dropped.
+//!
+//! A child made by `fork()` keeps reading its far pages from the parent's file, through
+//! the descriptor it inherited, and writes its own evictions to a file of its own: a slot
+//! number carries the generation of the file it is in (the parent's, the child's, a
+//! grandchild's). The parent keeps the slots in use at the fork until the child is gone
+//! (`pins.rs`).
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -23,7 +30,16 @@ use farmem_sys::mem::PAGE_SIZE;
 use super::error::BackendError;
 use super::index::PageIndex;
 use super::io::{short_buffer, Backend, Completion, FarUsage, IoDone, PageBuf};
+use super::pins::Pins;
+
+/// Slots per cluster: one `u64` of bits, which is also the layout `pins.rs` takes.
 const CLUSTER: u32 = 64;
+/// A stored slot number: the file's generation above this bit, the slot in it below.
+const GEN_SHIFT: u32 = 28;
+const SLOT_MASK: u32 = (1 << GEN_SHIFT) - 1;
+/// Files one process can read: its own and its forebears' (a fork deeper than this brings
+/// the far pages back instead).
+const GENS: usize = 1 << (32 - GEN_SHIFT);
 /// Bytes of bookkeeping per stored page (its index entry with the table's slack).
 const INDEX_BYTES_PER_PAGE: u64 = 32;
 /// Least free space a directory must have to be accepted for a file tier.
@@ -119,11 +135,24 @@ impl Slots {
 }
 
 pub struct FileBackend {
+    /// The file this process writes (its generation is `gen`).
     file: File,
     dir: PathBuf,
+    /// Slot numbers with their generation.
     index: PageIndex<u32>,
+    /// Slots of `file`, by number within it.
     slots: Mutex<Slots>,
     max_clusters: u32,
+    /// The generation of `file`: how many forks (that kept far pages far) lie between the
+    /// process that made the first file and this one.
+    gen: AtomicU32,
+    /// Descriptors of the forebears' files, by generation (read only).
+    old_files: [AtomicI32; GENS],
+    /// Pages this process reads from forebears' files.
+    inherited: AtomicU64,
+    /// False when a forked child could not make a file of its own: it writes nothing then.
+    writable: AtomicBool,
+    pins: Pins,
 }
 
 /// Why `dir` cannot hold a file tier, if it cannot: missing, not a directory, in memory
@@ -224,8 +253,27 @@ impl FileBackend {
             dir: dir.to_path_buf(),
             index: PageIndex::new(),
             slots: Mutex::new(Slots::default()),
-            max_clusters: (max_bytes / cluster_bytes).clamp(1, u32::MAX as u64 / 64) as u32,
+            max_clusters: (max_bytes / cluster_bytes).clamp(1, (SLOT_MASK / CLUSTER) as u64) as u32,
+            gen: AtomicU32::new(0),
+            old_files: std::array::from_fn(|_| AtomicI32::new(-1)),
+            inherited: AtomicU64::new(0),
+            writable: AtomicBool::new(true),
+            pins: Pins::default(),
         })
+    }
+
+    fn gen(&self) -> u32 {
+        self.gen.load(Ordering::Relaxed)
+    }
+
+    /// The descriptor of the file holding stored slot `s`.
+    fn fd_of(&self, s: u32) -> RawFd {
+        let g = s >> GEN_SHIFT;
+        if g == self.gen() {
+            self.file.as_raw_fd()
+        } else {
+            self.old_files[g as usize].load(Ordering::Relaxed)
+        }
     }
 
     fn failed(&self, what: &str, e: std::io::Error) -> BackendError {
@@ -236,12 +284,27 @@ impl FileBackend {
         }
     }
 
-    /// Give slots back; punch out the clusters that emptied.
-    fn free_slots(&self, slots: &[u32]) {
-        if slots.is_empty() {
+    /// Give stored slots back: those of this process's file to its pool (unless a forked
+    /// child still reads them), punching out the clusters that emptied; a forebear's are
+    /// only no longer read.
+    fn free_slots(&self, stored: &[u32]) {
+        if stored.is_empty() {
             return;
         }
-        let emptied = self.slots.lock().give(slots);
+        let gen = self.gen();
+        let mut own = Vec::with_capacity(stored.len());
+        for &s in stored {
+            if s >> GEN_SHIFT == gen {
+                own.push(s & SLOT_MASK);
+            } else {
+                self.inherited.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        let own = self.pins.release(own);
+        if own.is_empty() {
+            return;
+        }
+        let emptied = self.slots.lock().give(&own);
         if emptied.is_empty() {
             return;
         }
@@ -266,7 +329,13 @@ impl FileBackend {
         let mut out: Vec<(usize, u32, usize)> = Vec::new();
         for &(i, s) in items {
             match out.last_mut() {
-                Some((b, first, n)) if *first + *n as u32 == s && *b + *n == i => *n += 1,
+                Some((b, first, n))
+                    if *first + *n as u32 == s
+                        && *b + *n == i
+                        && s >> GEN_SHIFT == *first >> GEN_SHIFT =>
+                {
+                    *n += 1
+                }
                 _ => out.push((i, s, 1)),
             }
         }
@@ -282,6 +351,13 @@ impl FileBackend {
         if items.is_empty() {
             return Ok(());
         }
+        if !self.writable.load(Ordering::Relaxed) {
+            return Err(BackendError::Full(format!(
+                "no far file of this process's own in {} (a forked child that could not \
+                 make one keeps its evicted pages local)",
+                self.dir.display()
+            )));
+        }
         let slots = self
             .slots
             .lock()
@@ -293,6 +369,8 @@ impl FileBackend {
                     (self.max_clusters as u64 * CLUSTER as u64 * PAGE_SIZE as u64) >> 20
                 ))
             })?;
+        let gen = self.gen() << GEN_SHIFT;
+        let slots: Vec<u32> = slots.into_iter().map(|s| s | gen).collect();
         let placed: Vec<(usize, u32)> = items
             .iter()
             .map(|&(i, _)| i)
@@ -302,7 +380,7 @@ impl FileBackend {
             let bytes = &buf.bytes()[i * PAGE_SIZE..(i + n) * PAGE_SIZE];
             if let Err(e) = self
                 .file
-                .write_all_at(bytes, slot as u64 * PAGE_SIZE as u64)
+                .write_all_at(bytes, (slot & SLOT_MASK) as u64 * PAGE_SIZE as u64)
             {
                 self.free_slots(&slots);
                 return Err(self.failed("writing pages", e));
@@ -338,15 +416,56 @@ impl FileBackend {
         }
         for (i, slot, n) in Self::runs(&placed) {
             let bytes = &mut buf.bytes_mut()[i * PAGE_SIZE..(i + n) * PAGE_SIZE];
-            self.file
-                .read_exact_at(bytes, slot as u64 * PAGE_SIZE as u64)
+            // The descriptor outlives the read (this object holds it); the File is only
+            // borrowed, never closed here.
+            // SAFETY: `fd_of` names a descriptor this backend keeps open for its life.
+            let file = std::mem::ManuallyDrop::new(unsafe {
+                <File as std::os::fd::FromRawFd>::from_raw_fd(self.fd_of(slot))
+            });
+            file.read_exact_at(bytes, (slot & SLOT_MASK) as u64 * PAGE_SIZE as u64)
                 .map_err(|e| self.failed("reading pages", e))?;
         }
         Ok(())
     }
 
     fn pages(&self) -> u64 {
-        self.slots.lock().live
+        self.slots.lock().live + self.inherited.load(Ordering::Relaxed)
+    }
+
+    /// In a forked child: the file so far becomes a forebear's, read through the inherited
+    /// descriptor; evictions go to a new file of the child's own.
+    fn become_child(&self) {
+        let gen = self.gen();
+        // SAFETY: duplicating a descriptor this object holds open.
+        let old = unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+        if old < 0 {
+            farmem_sys::process::fatal(&format!(
+                "fork: cannot keep the parent's far file open in the child: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        self.old_files[gen as usize].store(old, Ordering::Relaxed);
+        let mut slots = self.slots.lock();
+        self.inherited.fetch_add(slots.live, Ordering::Relaxed);
+        *slots = Slots::default();
+        match open_unnamed(&self.dir) {
+            Ok((f, _)) => {
+                let new = std::os::fd::OwnedFd::from(f);
+                if let Err(e) = farmem_sys::mem::replace_fd(self.file.as_raw_fd(), new) {
+                    self.no_file_of_own(e);
+                }
+            }
+            Err(e) => self.no_file_of_own(e),
+        }
+        self.gen.store(gen + 1, Ordering::Relaxed);
+    }
+
+    fn no_file_of_own(&self, e: std::io::Error) {
+        tracing::warn!(
+            "forked child: no far file of its own in {} ({e}); its evicted pages stay local",
+            self.dir.display()
+        );
+        self.writable.store(false, Ordering::Relaxed);
     }
 }
 
@@ -382,6 +501,23 @@ impl Backend for FileBackend {
             Ok(()) => Completion::ready(Ok(IoDone { keys, buf })),
             Err(e) => Completion::ready(Err(e)),
         }
+    }
+
+    fn fork_keeps_far(&self) -> bool {
+        (self.gen() as usize) < GENS - 1
+    }
+
+    fn fork_prepare(&self) {
+        self.pins.prepare(self.slots.lock().used.clone());
+    }
+
+    fn fork_parent(&self) {
+        self.pins.parent();
+    }
+
+    fn fork_child(&self) {
+        self.pins.child();
+        self.become_child();
     }
 
     fn forget(&self, keys: &[PageKey]) {

@@ -280,6 +280,23 @@ pub trait Backend: Send + Sync {
         false
     }
 
+    /// Whether a child made by `fork()` can keep its far pages far: it then reads them from
+    /// this store as it was at the fork (an in-process store is the child's own copy), and
+    /// the parent's later changes never show through. Otherwise the fork brings every far
+    /// page back first (`fork.rs`).
+    fn fork_keeps_far(&self) -> bool {
+        false
+    }
+
+    /// A fork is about to happen (no request is in flight; see `gate.rs`).
+    fn fork_prepare(&self) {}
+
+    /// After the fork, in the parent.
+    fn fork_parent(&self) {}
+
+    /// After the fork, in the child (its only thread): make the store the child's own.
+    fn fork_child(&self) {}
+
     /// Backend-specific counters for the statistics (reconnections, resent requests...).
     fn counters(&self) -> Vec<(&'static str, u64)> {
         Vec::new()

@@ -208,6 +208,11 @@ impl Backend for LocalBackend {
         }
     }
 
+    fn fork_keeps_far(&self) -> bool {
+        // The store is memory of this process: the child has its own copy.
+        true
+    }
+
     fn frees_on_forget(&self) -> bool {
         true
     }

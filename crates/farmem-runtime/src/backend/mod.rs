@@ -11,6 +11,7 @@ pub(crate) mod file;
 pub(crate) mod index;
 pub(crate) mod io;
 pub(crate) mod local;
+pub(crate) mod pins;
 pub(crate) mod slabs;
 pub(crate) mod spec;
 pub mod tcp;

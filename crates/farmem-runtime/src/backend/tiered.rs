@@ -95,6 +95,22 @@ impl Backend for TieredBackend {
         self.file.forget(keys);
     }
 
+    fn fork_keeps_far(&self) -> bool {
+        self.dram.fork_keeps_far() && self.file.fork_keeps_far()
+    }
+
+    fn fork_prepare(&self) {
+        self.file.fork_prepare();
+    }
+
+    fn fork_parent(&self) {
+        self.file.fork_parent();
+    }
+
+    fn fork_child(&self) {
+        self.file.fork_child();
+    }
+
     fn frees_on_forget(&self) -> bool {
         true
     }

@@ -167,7 +167,7 @@ fn start() {
 // Fork handlers: the address-space lock must not be held by another thread at the moment
 // of the fork (the child would inherit it locked). The runtime's own handlers (fork.rs,
 // registered earlier, so they run after this prepare and before these parent/child
-// handlers) bring far pages back while we hold it.
+// handlers) quiesce the runtime, or bring far pages back, while we hold it.
 
 extern "C" fn fork_prepare() {
     // SAFETY: taking the raw lock without a guard; released by the parent or child handler
@@ -181,14 +181,19 @@ extern "C" fn fork_parent() {
 }
 
 extern "C" fn fork_child() {
+    // The runtime's child handler ran first: unless it kept the far memory (and itself)
+    // for the child, the heap becomes ordinary memory here.
+    let local = farmem_runtime::forked_child_is_local();
     // SAFETY: taken by fork_prepare on this thread, which is the child's only thread.
     unsafe {
-        if let Some(s) = (*vspace::SPACE.data_ptr()).as_mut() {
-            s.enter_child();
+        if local {
+            if let Some(s) = (*vspace::SPACE.data_ptr()).as_mut() {
+                s.enter_child();
+            }
         }
         vspace::SPACE.raw().unlock();
     }
-    if STATE.load(Ordering::Acquire) == READY {
+    if local && STATE.load(Ordering::Acquire) == READY {
         STATE.store(CHILD, Ordering::Release);
     }
 }
