@@ -28,7 +28,7 @@ enum Cmd {
     /// demand-read latency, and fair sharing between two tenants (weights 1:1 and 2:1).
     Server(server::Args),
     /// Unmodified programs (python3, sort, sqlite3, memcached) natively, under `farmem run`
-    /// at shares of their peak memory, and under Linux swap to zram with the same limit.
+    /// at shares of their peak memory, and under Linux swap (zram, a swap file) with the same limit.
     Programs(programs::Args),
     /// A key-value service in the shape of AIFM's synthetic web front end (Eden §5.3.2): per
     /// request 32 hash-table lookups and one 8 KiB object, Zipf(0.8) requests. Requests/s

@@ -1,6 +1,7 @@
 //! `farmem bench programs`: unmodified programs from Debian's packages, natively, under
-//! `farmem run` at a share of their peak memory, and under Linux swap to zram with the same
-//! memory limit (a memory cgroup), side by side in one run. Every run's output is compared
+//! `farmem run` at a share of their peak memory (on each backend asked for), and under Linux
+//! swap to zram and to a swap file with the same memory limit (a memory cgroup), side by side
+//! in one run. Every run's output is compared
 //! with the native one: a mismatch fails the benchmark.
 
 use std::collections::BTreeMap;
@@ -33,13 +34,26 @@ pub struct Args {
     /// Data size of each workload, MiB (roughly its native peak).
     #[arg(long, default_value_t = 512)]
     size_mib: u64,
-    /// Skip the Linux-swap (zram) runs.
+    /// Skip the Linux-swap runs.
     #[arg(long)]
     no_swap: bool,
-    /// Where farmem keeps far pages (as `farmem run --backend`). The default compresses with
-    /// LZ4 in DRAM, as zram does with `--zram-comp lz4`: like is compared with like.
-    #[arg(long, default_value = "local+lz4://")]
-    backend: String,
+    /// Where farmem keeps far pages (as `farmem run --backend`), one point each: by default
+    /// `farmem run`'s own default (`tiered://`: LZ4 in DRAM, then a file under $TMPDIR or
+    /// /var/tmp) and `local+lz4://` (LZ4 in DRAM only, as zram with `--zram-comp lz4`).
+    #[arg(
+        long = "backend",
+        value_delimiter = ',',
+        default_value = "tiered://,local+lz4://"
+    )]
+    backends: Vec<String>,
+    /// Linux-swap baselines, one point each: `zram` (compressed RAM, `--zram-comp`) and
+    /// `file` (a swap file, `--swap-file`, on the disk of farmem's far file).
+    #[arg(long, value_delimiter = ',', default_value = "zram,file")]
+    swap: Vec<String>,
+    /// The swap file of the `file` baseline: created for each run and removed after it; it
+    /// must not exist. Default: in $TMPDIR, else /var/tmp, where `tiered://` puts its file.
+    #[arg(long, value_name = "PATH")]
+    swap_file: Option<PathBuf>,
     /// zram's compressor for the Linux-swap runs (`default`: leave the kernel's choice).
     #[arg(long, default_value = "lz4")]
     zram_comp: String,
@@ -84,7 +98,15 @@ print(len(lists), len(d), len(blobs), h.hexdigest())
 "#;
 
 const PY_FORK: &str = r#"
-import hashlib, sys, multiprocessing as mp
+import hashlib, os, sys, time, multiprocessing as mp
+_fork = os.fork
+def timed_fork():
+    t = time.perf_counter()
+    pid = _fork()
+    if pid:
+        sys.stderr.write("fork-us %d\n" % ((time.perf_counter() - t) * 1e6))
+    return pid
+os.fork = timed_fork
 mib = int(sys.argv[1])
 data = [bytes((i % 251,)) * 4096 for i in range(mib * 256 * 7 // 8)]
 def part(r):
@@ -205,6 +227,7 @@ fn workload(name: &str, dir: &Path, mib: u64) -> Result<Workload> {
     })
 }
 
+#[derive(Clone)]
 struct RunResult {
     secs: f64,
     stdout: Vec<u8>,
@@ -213,16 +236,40 @@ struct RunResult {
     /// resident set (its far pages are in it with an embedded backend) plus what a memory
     /// server holds for it; for Linux the cgroup's peak plus zram's peak memory.
     mem_used: u64,
+    /// What each `fork()` of the program took, microseconds (the programs that fork say so
+    /// on stderr as `fork-us N`).
+    fork_us: Vec<f64>,
+    /// farmem: the most pages the main process ever held locally, bytes.
+    peak_local: Option<u64>,
 }
 
-/// Read the child's stdout to the end, then reap it with wait4: its status, its output and
-/// its peak resident set (the largest among it and the descendants it waited for).
-fn wait_rusage(mut child: std::process::Child) -> Result<(i32, Vec<u8>, u64)> {
+/// The `fork-us N` lines of a program's stderr.
+fn fork_times(stderr: &[u8]) -> Vec<f64> {
+    String::from_utf8_lossy(stderr)
+        .lines()
+        .filter_map(|l| l.strip_prefix("fork-us ")?.trim().parse().ok())
+        .collect()
+}
+
+/// Read the child's stdout and stderr to the end, then reap it with wait4: its status, its
+/// output, its stderr and its peak resident set (the largest among it and the descendants
+/// it waited for).
+fn wait_rusage(mut child: std::process::Child) -> Result<(i32, Vec<u8>, Vec<u8>, u64)> {
     use std::io::Read;
+    let err = child.stderr.take().map(|mut e| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = e.read_to_end(&mut v);
+            v
+        })
+    });
     let mut stdout = Vec::new();
     if let Some(mut o) = child.stdout.take() {
         o.read_to_end(&mut stdout)?;
     }
+    let stderr = err
+        .map(|t| t.join().unwrap_or_default())
+        .unwrap_or_default();
     let pid = child.id() as i32;
     let mut status = 0;
     // SAFETY: rusage is plain old data.
@@ -240,7 +287,7 @@ fn wait_rusage(mut child: std::process::Child) -> Result<(i32, Vec<u8>, u64)> {
             );
         }
     }
-    Ok((status, stdout, ru.ru_maxrss as u64 * 1024))
+    Ok((status, stdout, stderr, ru.ru_maxrss as u64 * 1024))
 }
 
 fn run_native(w: &Workload) -> Result<RunResult> {
@@ -249,8 +296,9 @@ fn run_native(w: &Workload) -> Result<RunResult> {
         .args(&w.argv[1..])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()?;
-    let (st, stdout, peak) = wait_rusage(child)?;
+    let (st, stdout, stderr, peak) = wait_rusage(child)?;
     if !(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0) {
         bail!("{} failed natively (wait status {st:#x})", w.name);
     }
@@ -259,6 +307,8 @@ fn run_native(w: &Workload) -> Result<RunResult> {
         stdout,
         peak_rss: peak,
         mem_used: peak,
+        fork_us: fork_times(&stderr),
+        peak_local: None,
     })
 }
 
@@ -297,16 +347,21 @@ fn run_farmem(w: &Workload, local: u64, backend: &str, dir: &Path) -> Result<Run
     } else {
         0 // an embedded backend's far pages are in the process's resident set
     };
+    let peak_local = stats["stats"]["peak_resident_pages"]
+        .as_u64()
+        .map(|p| p * farmem_runtime::PAGE_SIZE as u64);
     Ok(RunResult {
         secs,
         stdout: out.stdout,
         peak_rss: peak,
         mem_used: peak + remote,
+        fork_us: fork_times(&out.stderr),
+        peak_local,
     })
 }
 
-fn run_swap(w: &Workload, limit: u64, peak: u64) -> Result<RunResult> {
-    let base = SwapBaseline::setup(SwapKind::Zram, 2 * peak + (256 << 20), limit)?;
+fn run_swap(w: &Workload, kind: &SwapKind, limit: u64, peak: u64) -> Result<RunResult> {
+    let base = SwapBaseline::setup(kind.clone(), 2 * peak + (256 << 20), limit)?;
     let mut cmd = Command::new(&w.argv[0]);
     cmd.args(&w.argv[1..]).stdin(Stdio::null());
     let t0 = Instant::now();
@@ -324,6 +379,8 @@ fn run_swap(w: &Workload, limit: u64, peak: u64) -> Result<RunResult> {
             stdout: Vec::new(),
             peak_rss: 0,
             mem_used,
+            fork_us: Vec::new(),
+            peak_local: None,
         });
     }
     if !out.status.success() {
@@ -340,6 +397,8 @@ fn run_swap(w: &Workload, limit: u64, peak: u64) -> Result<RunResult> {
         stdout: out.stdout,
         peak_rss: 0,
         mem_used,
+        fork_us: fork_times(&out.stderr),
+        peak_local: None,
     })
 }
 
@@ -355,7 +414,49 @@ pub fn run(a: Args) -> Result<()> {
     res
 }
 
+/// One way of running a program short of memory.
+enum Mode {
+    Farmem(String),
+    Swap(SwapKind),
+}
+
+impl Mode {
+    /// Its column name: the backend without `://`, or the kind of swap.
+    fn label(&self) -> String {
+        match self {
+            Mode::Farmem(b) => b.split("://").next().unwrap_or(b).to_string(),
+            Mode::Swap(SwapKind::Zram) => "zram".into(),
+            Mode::Swap(SwapKind::File(_)) => "swapfile".into(),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Mode::Farmem(b) => format!("farmem run --backend {b}"),
+            Mode::Swap(k) => format!("Linux swap ({k})"),
+        }
+    }
+}
+
+fn modes(a: &Args) -> Result<Vec<Mode>> {
+    let mut m: Vec<Mode> = a.backends.iter().map(|b| Mode::Farmem(b.clone())).collect();
+    if !a.no_swap {
+        for s in &a.swap {
+            m.push(Mode::Swap(match s.as_str() {
+                "zram" => SwapKind::Zram,
+                "file" => SwapKind::File(a.swap_file.clone().unwrap_or_else(|| {
+                    farmem_runtime::default_far_dir()
+                        .join(format!("farmem-bench-swapfile-{}", std::process::id()))
+                })),
+                other => bail!("--swap {other}: expected zram or file"),
+            }));
+        }
+    }
+    Ok(m)
+}
+
 fn run_in(a: &Args, dir: &Path) -> Result<()> {
+    let modes = modes(a)?;
     let mut rows = Vec::new();
     let mut all_json = Vec::new();
     for name in &a.workloads {
@@ -366,65 +467,56 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
         eprintln!("{:.2} s, peak {} MiB", reference.secs, peak >> 20);
         let mut times: BTreeMap<String, Vec<f64>> = BTreeMap::new();
         let mut mem: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        let mut forks: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        // Per farmem point: the main process's peak local memory over its budget (worst run).
+        let mut over: BTreeMap<String, f64> = BTreeMap::new();
         for rep in 0..a.repeat {
             let r = if rep == 0 {
-                reference.secs
+                reference.clone()
             } else {
-                run_native(&w)?.secs
+                run_native(&w)?
             };
-            times.entry("native".into()).or_default().push(r);
+            times.entry("native".into()).or_default().push(r.secs);
+            forks.entry("native".into()).or_default().extend(&r.fork_us);
             for &pct in &a.local {
                 let local = peak * pct as u64 / 100;
-                eprint!(
-                    "{} rep {}/{}: farmem run at {pct}% ({} MiB) ... ",
-                    w.name,
-                    rep + 1,
-                    a.repeat,
-                    local >> 20
-                );
-                let f = run_farmem(&w, local, &a.backend, dir)?;
-                eprintln!("{:.2} s, {} MiB used", f.secs, f.mem_used >> 20);
-                if f.stdout != reference.stdout {
-                    bail!(
-                        "{}: output under farmem run at {pct}% differs from the native one",
-                        w.name
-                    );
-                }
-                times
-                    .entry(format!("farmem {pct}%"))
-                    .or_default()
-                    .push(f.secs);
-                mem.entry(format!("farmem {pct}%"))
-                    .or_default()
-                    .push(f.mem_used as f64);
-                if !a.no_swap {
+                // One run per mode in turn, so that drifts of the machine hit all alike.
+                for mode in &modes {
+                    let key = format!("{} {pct}%", mode.label());
                     eprint!(
-                        "{} rep {}/{}: Linux swap (zram) at {pct}% ... ",
+                        "{} rep {}/{}: {} at {pct}% ({} MiB) ... ",
                         w.name,
                         rep + 1,
-                        a.repeat
+                        a.repeat,
+                        mode.describe(),
+                        local >> 20
                     );
-                    let s = run_swap(&w, local, peak)?;
-                    if s.secs.is_finite() {
-                        eprintln!("{:.2} s, {} MiB used", s.secs, s.mem_used >> 20);
+                    let r = match mode {
+                        Mode::Farmem(backend) => run_farmem(&w, local, backend, dir)?,
+                        Mode::Swap(kind) => run_swap(&w, kind, local, peak)?,
+                    };
+                    if r.secs.is_finite() {
+                        eprintln!("{:.2} s, {} MiB used", r.secs, r.mem_used >> 20);
                     } else {
                         eprintln!("OOM-killed");
                     }
-                    if s.secs.is_finite() && s.stdout != reference.stdout {
+                    if r.secs.is_finite() && r.stdout != reference.stdout {
                         bail!(
-                            "{}: output under Linux swap at {pct}% differs: {:?} instead of {:?}",
+                            "{}: output under {} at {pct}% differs from the native one: {:?} \
+                             instead of {:?}",
                             w.name,
-                            String::from_utf8_lossy(&s.stdout),
+                            mode.describe(),
+                            String::from_utf8_lossy(&r.stdout),
                             String::from_utf8_lossy(&reference.stdout)
                         );
                     }
-                    times
-                        .entry(format!("zram {pct}%"))
-                        .or_default()
-                        .push(s.secs);
-                    mem.entry(format!("zram {pct}%"))
-                        .or_default()
-                        .push(s.mem_used as f64);
+                    times.entry(key.clone()).or_default().push(r.secs);
+                    forks.entry(key.clone()).or_default().extend(&r.fork_us);
+                    if let Some(p) = r.peak_local {
+                        let o = over.entry(key.clone()).or_insert(0.0);
+                        *o = o.max(p as f64 / local as f64);
+                    }
+                    mem.entry(key).or_default().push(r.mem_used as f64);
                 }
             }
         }
@@ -444,26 +536,35 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
             .iter()
             .map(|(k, v)| (k.clone(), median(v.clone())))
             .collect();
+        let fork_med: BTreeMap<String, f64> = forks
+            .iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(k, v)| (k.clone(), median(v.clone())))
+            .collect();
         all_json.push(json!({
             "workload": w.name,
             "peak_rss_bytes": peak,
             "median_s": meds,
             "runs_s": runs,
             "median_mem_used_bytes": mem_med,
+            "median_fork_us": fork_med,
+            "peak_local_over_budget": over,
         }));
-        rows.push((w.name, peak, med, mem_med));
+        rows.push((w.name, peak, med, mem_med, fork_med, over));
     }
     println!(
         "\nmedian wall time in seconds (ratio to native), and memory used at the peak in MiB \
-         (farmem: the process's peak resident set, far copies included; zram: the cgroup's \
-         peak plus zram's); data size {} MiB; farmem on {}, zram with {}",
-        a.size_mib, a.backend, a.zram_comp
+         (farmem: the process's peak resident set, its compressed far pages included, a far \
+         file not; Linux: the cgroup's peak plus zram's memory); data size {} MiB; farmem on \
+         {}; zram with {}",
+        a.size_mib,
+        a.backends.join(", "),
+        a.zram_comp
     );
     let mut cols = vec!["native".to_string()];
     for &p in &a.local {
-        cols.push(format!("farmem {p}%"));
-        if !a.no_swap {
-            cols.push(format!("zram {p}%"));
+        for m in &modes {
+            cols.push(format!("{} {p}%", m.label()));
         }
     }
     print!("{:<12} {:>9}", "workload", "peak MiB");
@@ -471,7 +572,7 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
         print!(" {c:>18}");
     }
     println!();
-    for (name, peak, med, mem_med) in &rows {
+    for (name, peak, med, mem_med, _, _) in &rows {
         print!("{name:<12} {:>9.0}", *peak as f64 / (1 << 20) as f64);
         let native = med["native"];
         for c in &cols {
@@ -487,6 +588,33 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
             }
         }
         println!();
+    }
+    if rows.iter().any(|r| !r.4.is_empty()) {
+        println!(
+            "\nfork(): median time in microseconds (ratio to native); farmem: the main \
+             process's peak local memory over its budget (worst run)"
+        );
+        print!("{:<12}", "workload");
+        for c in &cols {
+            print!(" {c:>18}");
+        }
+        println!();
+        for (name, _, _, _, fork_med, over) in rows.iter().filter(|r| !r.4.is_empty()) {
+            print!("{name:<12}");
+            let native = fork_med.get("native").copied().unwrap_or(f64::NAN);
+            for c in &cols {
+                let cell = match fork_med.get(c) {
+                    Some(v) => format!("{v:.0} ({:.1}x)", v / native),
+                    None => "-".into(),
+                };
+                let budget = over
+                    .get(c)
+                    .map(|o| format!(" {:.0}%", o * 100.0))
+                    .unwrap_or_default();
+                print!(" {:>18}", cell + &budget);
+            }
+            println!();
+        }
     }
     if let Some(f) = &a.json {
         std::fs::write(f, serde_json::to_string_pretty(&all_json)? + "\n")?;

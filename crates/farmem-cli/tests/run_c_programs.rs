@@ -200,6 +200,30 @@ fn forked_child_allocates_frees_and_forks_a_grandchild() {
     fork_test("nested");
 }
 
+/// Over a memory server the child cannot share the connection: the fork brings the far
+/// pages back first, and the child runs with its memory local.
+#[test]
+fn fork_over_a_memory_server_brings_far_pages_back_for_the_child() {
+    let server = support::Server::shared("run-c-programs-secret");
+    let dir = Scratch::new("fork-tcp");
+    let prog = compile("fork", &dir);
+    let backend = format!("tcp://{}", server.addr);
+    let r = farmem_run_with(
+        &dir,
+        &["--local-mem", "32M", "--backend", &backend],
+        &[("FARMEM_TOKEN", "run-c-programs-secret")],
+        &prog,
+        &["nested"],
+    );
+    r.assert_success();
+    assert!(r.stat("pages_evicted") > 0, "{}", r.describe());
+    assert!(
+        r.stat("fork_fetched_pages") > 0,
+        "nothing was brought back for the child\n{}",
+        r.describe()
+    );
+}
+
 #[test]
 fn eight_threads_allocate_reallocate_and_free_under_a_small_budget() {
     let dir = Scratch::new("threads");

@@ -238,8 +238,30 @@ impl FaultServer {
     }
 }
 
+/// Serve faults on the calling thread until `done` says so (a forked child's handler, while
+/// the child's own fault thread starts: glibc's thread start reads program memory, such as
+/// the locale data `setlocale` allocated, which may be far).
+pub(crate) fn serve_until(st: &State, done: impl Fn() -> bool) {
+    let mut server = FaultServer::new();
+    while !done() {
+        let n = server.poll_events(st);
+        server.retry_pending(st);
+        if n == 0 && server.pending.is_empty() {
+            let mut fd = libc::pollfd {
+                fd: st.uffd.raw(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd; a short wait, `done` is checked again after it.
+            unsafe { libc::poll(&mut fd, 1, 1) };
+        }
+    }
+}
+
 /// Main loop of a fault thread.
 pub(crate) fn run(st: Arc<State>) {
+    // Running: a forked child's handler stops serving faults for it (`fork.rs`).
+    st.fault_thread_up.store(true, Ordering::Release);
     let mut server = FaultServer::new();
     let spin = std::time::Duration::from_micros(st.cfg.fault_spin_us);
     let mut last_event = Instant::now();

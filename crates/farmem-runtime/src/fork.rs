@@ -112,6 +112,9 @@ extern "C" fn prepare() {
 }
 
 extern "C" fn parent() {
+    // The backends' bookkeeping of the fork is runtime memory: local.
+    let _signals = BlockAll::enter();
+    let _local = LocalScope::enter();
     no_unwind("parent", || {
         let (runtimes, way) = std::mem::take(&mut *FORKING.lock());
         match way {
@@ -132,6 +135,10 @@ extern "C" fn parent() {
 }
 
 extern "C" fn child() {
+    // What the take-over allocates (thread names, their start packets) must be local: no
+    // fault thread exists yet to serve a far page.
+    let _signals = BlockAll::enter();
+    let _local = LocalScope::enter();
     let (runtimes, way) = std::mem::take(&mut *FORKING.lock());
     match way {
         Some(Way::KeepFar) => {
@@ -195,9 +202,13 @@ fn take_over(st: &Arc<State>) {
     std::mem::forget(std::mem::take(&mut *st.threads.lock()));
     st.fault_busy_since.store(0, Ordering::Relaxed);
     st.control_sleeping.store(false, Ordering::Relaxed);
+    st.fault_thread_up.store(false, Ordering::Release);
     if let Err(e) = crate::workers::start(st) {
         fail("starting its threads", &e);
     }
+    // A new thread's start in glibc reads program memory that may be far (the locale data
+    // `setlocale` allocated on the heap): serve faults here until the fault thread runs.
+    crate::fault::serve_until(st, || st.fault_thread_up.load(Ordering::Acquire));
 }
 
 /// Stop reclaim, wait for the batch in flight, and bring every far page back.

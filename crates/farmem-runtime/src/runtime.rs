@@ -111,6 +111,7 @@ impl Runtime {
             io_timeout,
             pid: AtomicU32::new(std::process::id()),
             threads: Mutex::new(Vec::new()),
+            fault_thread_up: AtomicBool::new(false),
             budget: AtomicUsize::new(cfg.budget_pages()),
             free_target: AtomicUsize::new(cfg.free_target_pages()),
             backend,

@@ -79,6 +79,9 @@ pub(crate) struct State {
     /// The process the runtime serves: the one that started it, or the forked child that
     /// took it over (`fork.rs`); a vforked child is another.
     pub pid: AtomicU32,
+    /// A fault thread has started (a forked child serves its faults on the forking thread
+    /// until then).
+    pub fault_thread_up: AtomicBool,
     /// The runtime's threads (fault threads, control, watchdog), joined at shutdown.
     pub threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// Which far copies of local pages are kept ([`crate::Config::far_copies`]).

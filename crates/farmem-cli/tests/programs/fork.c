@@ -27,6 +27,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "pattern.h"
@@ -67,6 +68,20 @@ static long check(const unsigned char *p, size_t n, uint64_t seed) {
         if (p[i] != ((unsigned char)(seed >> (8 * (i & 7))) ^ (unsigned char)i))
             return (long)i;
     return -1;
+}
+
+/* fork() timed: its cost goes to stderr as "fork-us N" (what `farmem bench programs`
+ * reports next to the native time). */
+static pid_t timed_fork(void) {
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    pid_t pid = fork();
+    if (pid > 0) {
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        fprintf(stderr, "fork-us %ld\n",
+                (long)((b.tv_sec - a.tv_sec) * 1000000 + (b.tv_nsec - a.tv_nsec) / 1000));
+    }
+    return pid;
 }
 
 static void die(const char *what) {
@@ -328,7 +343,7 @@ int main(int argc, char **argv) {
     int p2c[2], c2p[2];
     if (pipe(p2c) || pipe(c2p))
         die("pipe");
-    pid_t pid = fork();
+    pid_t pid = timed_fork();
     if (pid < 0)
         die("fork");
     if (pid == 0) {
@@ -349,7 +364,7 @@ int main(int argc, char **argv) {
         return 1;
     if (nested) {
         /* A second fork, after reclaim has resumed and evicted again. */
-        pid_t p2 = fork();
+        pid_t p2 = timed_fork();
         if (p2 < 0)
             die("fork (second child)");
         if (p2 == 0) {
