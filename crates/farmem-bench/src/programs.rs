@@ -316,9 +316,12 @@ fn run_farmem(w: &Workload, local: u64, backend: &str, dir: &Path) -> Result<Run
     let me = std::env::current_exe()?;
     let json = dir.join("stats.json");
     let _ = std::fs::remove_file(&json);
-    let t0 = Instant::now();
-    let out = Command::new(me)
-        .arg("run")
+    // In a memory cgroup of its own, with no limit it reaches: its peak is measured as Linux
+    // swap's is, forked children and the `farmem run` supervisor included.
+    let machine = farmem_sys::mem::physical_memory();
+    let cg = SwapBaseline::setup(SwapKind::None, 1 << 20, machine)?;
+    let mut cmd = Command::new(me);
+    cmd.arg("run")
         .arg("--local-mem")
         .arg(local.to_string())
         .arg("--backend")
@@ -327,8 +330,12 @@ fn run_farmem(w: &Workload, local: u64, backend: &str, dir: &Path) -> Result<Run
         .arg(&json)
         .arg("--")
         .args(&w.argv)
-        .stdin(Stdio::null())
-        .output()?;
+        .stdin(Stdio::null());
+    let t0 = Instant::now();
+    let out = cg.run(cmd)?;
+    let secs = t0.elapsed().as_secs_f64();
+    let tree_peak = cg.stats().mem_used();
+    cg.close()?;
     if !out.status.success() {
         bail!(
             "{} failed under farmem run: {}\n{}",
@@ -337,7 +344,6 @@ fn run_farmem(w: &Workload, local: u64, backend: &str, dir: &Path) -> Result<Run
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let secs = t0.elapsed().as_secs_f64();
     let stats: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(&json).context("reading farmem run's --stats-json")?,
     )?;
@@ -354,7 +360,7 @@ fn run_farmem(w: &Workload, local: u64, backend: &str, dir: &Path) -> Result<Run
         secs,
         stdout: out.stdout,
         peak_rss: peak,
-        mem_used: peak + remote,
+        mem_used: tree_peak.max(peak) + remote,
         fork_us: fork_times(&out.stderr),
         peak_local,
     })
@@ -427,6 +433,7 @@ impl Mode {
             Mode::Farmem(b) => b.split("://").next().unwrap_or(b).to_string(),
             Mode::Swap(SwapKind::Zram) => "zram".into(),
             Mode::Swap(SwapKind::File(_)) => "swapfile".into(),
+            Mode::Swap(SwapKind::None) => "cgroup".into(),
         }
     }
 
@@ -554,8 +561,9 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
     }
     println!(
         "\nmedian wall time in seconds (ratio to native), and memory used at the peak in MiB \
-         (farmem: the process's peak resident set, its compressed far pages included, a far \
-         file not; Linux: the cgroup's peak plus zram's memory); data size {} MiB; farmem on \
+         (the peak of a memory cgroup holding the whole process tree, forked children \
+         included: for farmem its compressed far pages count, a far file does not; for Linux \
+         zram's memory is added); data size {} MiB; farmem on \
          {}; zram with {}",
         a.size_mib,
         a.backends.join(", "),

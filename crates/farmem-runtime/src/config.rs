@@ -68,6 +68,11 @@ pub struct Config {
     /// local (local+lz4, scale 0.25): `drop` against `clean` used 178 against 205 MiB on
     /// dictgrow and 273 against 334 MiB on randscan, in the same time or less.
     pub far_copies: Option<FarCopies>,
+    /// Local budget of a child made by `fork()` without exec, which keeps its far pages far
+    /// with a runtime of its own (`FARMEM_FORK_LOCAL_MEM`, as `FARMEM_LOCAL_MEM`). Default:
+    /// the parent's budget. Each process of a tree has its own: a parent and two workers at
+    /// the default hold up to three budgets locally.
+    pub fork_local_mem: Option<u64>,
     /// Threads reading the userfaultfd (`FARMEM_FAULT_THREADS`, default 1).
     pub fault_threads: usize,
     /// Busy-poll the userfaultfd this long after each event before sleeping in `poll`
@@ -142,6 +147,7 @@ impl Default for Config {
             hint_pipeline: 2,
             writable_install: true,
             far_copies: None,
+            fork_local_mem: None,
             fault_threads: 1,
             fault_spin_us: 50,
             steal_after_us: 500,
@@ -194,6 +200,9 @@ impl Config {
         if let Some(v) = env("FARMEM_WRITABLE_INSTALL") {
             c.writable_install = flag(&v);
         }
+        if let Some(v) = env("FARMEM_FORK_LOCAL_MEM") {
+            c.fork_local_mem = Some(parse_budget(&v)?);
+        }
         if let Some(v) = env("FARMEM_FAR_COPIES") {
             c.far_copies = Some(FarCopies::parse(&v)?);
         }
@@ -225,6 +234,12 @@ impl Config {
     /// Reject settings the runtime cannot work with, saying why.
     pub fn validate(&self) -> Result<()> {
         let min = MIN_BUDGET_PAGES * PAGE_SIZE;
+        if let Some(f) = self.fork_local_mem.filter(|&f| (f as usize) < min) {
+            return Err(Error::Config(format!(
+                "local memory budget of forked children {f} bytes is too small: at least \
+                 {min} bytes are needed"
+            )));
+        }
         if (self.local_mem as usize) < min {
             return Err(Error::Config(format!(
                 "local memory budget {} bytes is too small: at least {} bytes ({} pages) are \

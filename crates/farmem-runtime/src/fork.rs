@@ -88,7 +88,7 @@ extern "C" fn prepare() {
         let keep_far = registry::live_runtimes()
             .iter()
             .all(|st| st.backend.fork_keeps_far());
-        let way = if keep_far {
+        if keep_far {
             // From here until the parent or child handler, this thread alone is inside
             // the runtime.
             gate::close();
@@ -99,15 +99,13 @@ extern "C" fn prepare() {
             }
             *FORKING.lock() = (runtimes, Some(Way::KeepFar));
             return;
-        } else {
-            Way::BringBack
-        };
+        }
         let _pass = gate::enter();
         let runtimes = registry::live_runtimes();
         for st in &runtimes {
             pause(st);
         }
-        *FORKING.lock() = (runtimes, Some(way));
+        *FORKING.lock() = (runtimes, Some(Way::BringBack));
     })
 }
 
@@ -198,6 +196,17 @@ fn take_over(st: &Arc<State>) {
         }
     }
     st.backend.fork_child();
+    if let Some(bytes) = st.cfg.fork_local_mem {
+        // The child's own budget: the control thread evicts down to it once running.
+        let cfg = crate::config::Config {
+            local_mem: bytes,
+            ..st.cfg.clone()
+        };
+        st.budget.store(cfg.budget_pages(), Ordering::Relaxed);
+        st.free_target
+            .store(cfg.free_target_pages(), Ordering::Relaxed);
+        st.over_budget_once.store(true, Ordering::Relaxed);
+    }
     // The parent's threads do not exist here: their handles are never joined.
     std::mem::forget(std::mem::take(&mut *st.threads.lock()));
     st.fault_busy_since.store(0, Ordering::Relaxed);

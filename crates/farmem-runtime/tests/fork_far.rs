@@ -41,16 +41,26 @@ fn wrong_in(region: &Region, pages: std::ops::Range<usize>, gen: u64) -> usize {
         .count()
 }
 
-fn within_budget(rt: &Runtime) -> bool {
+fn within(rt: &Runtime, budget: u64) -> bool {
     // A batch of slack: the control thread keeps the budget, a fetch may be in flight.
-    rt.stats().resident_pages * PAGE_SIZE as u64 <= BUDGET + (64 * PAGE_SIZE) as u64
+    rt.stats().resident_pages * PAGE_SIZE as u64 <= budget + (64 * PAGE_SIZE) as u64
+}
+
+fn within_budget(rt: &Runtime) -> bool {
+    within(rt, BUDGET)
 }
 
 fn check(backend: BackendSpec) {
+    check_with(backend, None)
+}
+
+/// `child_budget`: the children's own (`Config::fork_local_mem`), else the parent's.
+fn check_with(backend: BackendSpec, child_budget: Option<u64>) {
     let rt = Runtime::new(Config {
         local_mem: BUDGET,
         backend,
         evict_batch: 32,
+        fork_local_mem: child_budget,
         ..Config::default()
     })
     .expect("a runtime (needs userfaultfd)");
@@ -95,7 +105,7 @@ fn check(backend: BackendSpec) {
         bad += wrong(&region, 9);
         let code = if bad > 0 {
             1
-        } else if !within_budget(&rt) {
+        } else if !within(&rt, child_budget.unwrap_or(BUDGET)) {
             2
         } else if rt.stats().pages_evicted == 0 {
             3
@@ -165,4 +175,10 @@ fn the_child_of_the_tiered_default_reads_both_tiers() {
         dir: farmem_runtime::default_far_dir(),
         compressed_max: Some(256 << 10),
     });
+}
+
+/// A child with a budget of its own, smaller than its parent's, evicts down to it.
+#[test]
+fn a_child_keeps_to_the_budget_given_to_forked_children() {
+    check_with(BackendSpec::Local { lz4: true }, Some(1 << 20));
 }

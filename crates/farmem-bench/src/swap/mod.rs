@@ -66,6 +66,9 @@ pub enum SwapKind {
     /// A swap file created at this path (which must not exist) on a filesystem that supports
     /// swap files (ext4, xfs; not tmpfs or overlayfs).
     File(PathBuf),
+    /// No swap device: only the cgroup, to measure what a process tree uses the way the
+    /// baselines are measured (farmem's runs, with a limit no run reaches).
+    None,
 }
 
 impl fmt::Display for SwapKind {
@@ -73,6 +76,7 @@ impl fmt::Display for SwapKind {
         match self {
             SwapKind::Zram => f.write_str("zram"),
             SwapKind::File(_) => f.write_str("file"),
+            SwapKind::None => f.write_str("none"),
         }
     }
 }
@@ -563,6 +567,7 @@ fn set_up(
             (dev, Some(n))
         }
         SwapKind::File(p) => (set_up_file(ch, p, swap_bytes)?, None),
+        SwapKind::None => (PathBuf::from("(none)"), None),
     };
     let cgroup = create_cgroup(ch, plan, mem_limit, swap_bytes)?;
     Ok((device, zram_index, cgroup))

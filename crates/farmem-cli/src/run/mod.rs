@@ -24,7 +24,8 @@ use clap::Parser;
                   --backend tcp://127.0.0.1:7070 --local-mem 1G -- memcached -m 4096\n\n\
                   The program's own output, exit status and signals pass through untouched. \
                   Programs it executes run under farmem too, each with the same budget; a \
-                  child made by fork() without exec runs with its memory local."
+                  child made by fork() without exec keeps its far pages far, with a budget \
+                  of its own (with a tcp:// backend its memory is brought back local)."
 )]
 pub struct Args {
     #[command(flatten)]
@@ -45,6 +46,11 @@ pub struct Options {
     /// this machine's memory.
     #[arg(long, value_name = "SIZE|PCT%")]
     local_mem: Option<String>,
+    /// Local memory of each child the program makes with fork() without exec (it keeps its
+    /// far pages far, with a runtime of its own): a size. Default: the same as the
+    /// program's, so a parent with two workers may hold three budgets locally.
+    #[arg(long, value_name = "SIZE")]
+    fork_local_mem: Option<String>,
     /// The program's peak memory, for a percentage --local-mem (e.g. 4G).
     #[arg(long, value_name = "SIZE")]
     peak: Option<String>,
@@ -214,6 +220,10 @@ pub fn prepare(a: &Options, program: &[OsString], stats_dir: &Path) -> Result<Pr
         cmd.env("FARMEM_LOCAL_MEM", b.to_string());
     }
     cmd.env("FARMEM_BACKEND", &backend);
+    if let Some(f) = &a.fork_local_mem {
+        let b = farmem_proto::size::parse_size(f).context("--fork-local-mem")?;
+        cmd.env("FARMEM_FORK_LOCAL_MEM", b.to_string());
+    }
     if let Some(p) = &a.policy {
         cmd.env("FARMEM_POLICY", p);
     }
