@@ -73,6 +73,9 @@ pub struct Config {
     /// the parent's budget. Each process of a tree has its own: a parent and two workers at
     /// the default hold up to three budgets locally.
     pub fork_local_mem: Option<u64>,
+    /// The compressor of the in-process compressed tiers (`FARMEM_COMPRESSOR`: `lz4`, the
+    /// default, `zstd` or `zstd:LEVEL`).
+    pub compressor: crate::backend::Codec,
     /// Threads reading the userfaultfd (`FARMEM_FAULT_THREADS`, default 1).
     pub fault_threads: usize,
     /// Busy-poll the userfaultfd this long after each event before sleeping in `poll`
@@ -148,6 +151,7 @@ impl Default for Config {
             writable_install: true,
             far_copies: None,
             fork_local_mem: None,
+            compressor: Default::default(),
             fault_threads: 1,
             fault_spin_us: 50,
             steal_after_us: 500,
@@ -199,6 +203,10 @@ impl Config {
         }
         if let Some(v) = env("FARMEM_WRITABLE_INSTALL") {
             c.writable_install = flag(&v);
+        }
+        if let Some(v) = env("FARMEM_COMPRESSOR") {
+            c.compressor = crate::backend::Codec::parse(&v)
+                .map_err(|e| Error::Config(format!("FARMEM_COMPRESSOR: {e}")))?;
         }
         if let Some(v) = env("FARMEM_FORK_LOCAL_MEM") {
             c.fork_local_mem = Some(parse_budget(&v)?);

@@ -91,7 +91,7 @@ impl Runtime {
         }
         // SAFETY: fresh descriptor from the kernel.
         let wake_fd = unsafe { OwnedFd::from_raw_fd(efd) };
-        let backend = backend::from_spec(&cfg.backend).map_err(|e| {
+        let backend = backend::from_spec(&cfg.backend, cfg.compressor).map_err(|e| {
             let name = match &cfg.backend {
                 BackendSpec::Tcp(t) => t.url(),
                 other => format!("{other:?}"),

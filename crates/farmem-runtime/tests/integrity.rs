@@ -37,6 +37,21 @@ fn random_records_under_churn_keeping_far_copies() {
     churn(rt);
 }
 
+/// The compressed tier with zstd instead of LZ4.
+#[test]
+fn random_records_under_churn_compressed_with_zstd() {
+    let rt = Runtime::new(Config {
+        local_mem: BUDGET as u64,
+        backend: BackendSpec::Local { lz4: true },
+        compressor: farmem_runtime::backend::Codec::Zstd(3),
+        evict_batch: 16,
+        ..Config::default()
+    })
+    .unwrap();
+    assert_eq!(rt.backend_name(), "local+zstd:3");
+    churn(rt);
+}
+
 #[test]
 fn random_records_under_churn_in_a_file() {
     let rt = Runtime::new(Config {

@@ -68,6 +68,10 @@ pub struct Options {
     /// FARMEM_TOKEN_FILE).
     #[arg(long, value_name = "URL")]
     backend: Option<String>,
+    /// The compressor of the compressed far tier (tiered://, local+lz4://): lz4 (the
+    /// default, fast), zstd or zstd:LEVEL (1-19; denser, slower). FARMEM_COMPRESSOR.
+    #[arg(long, value_name = "NAME")]
+    compressor: Option<String>,
     /// The directory of the far file (tiered:// and file:// without one): on a disk, with
     /// room. Default: $TMPDIR, else /var/tmp.
     #[arg(long, value_name = "DIR")]
@@ -220,6 +224,11 @@ pub fn prepare(a: &Options, program: &[OsString], stats_dir: &Path) -> Result<Pr
         cmd.env("FARMEM_LOCAL_MEM", b.to_string());
     }
     cmd.env("FARMEM_BACKEND", &backend);
+    if let Some(c) = &a.compressor {
+        farmem_runtime::backend::Codec::parse(c)
+            .map_err(|e| anyhow::anyhow!("--compressor: {e}"))?;
+        cmd.env("FARMEM_COMPRESSOR", c);
+    }
     if let Some(f) = &a.fork_local_mem {
         let b = farmem_proto::size::parse_size(f).context("--fork-local-mem")?;
         cmd.env("FARMEM_FORK_LOCAL_MEM", b.to_string());

@@ -1,5 +1,5 @@
 //! The embedded backend: pages kept in this process's ordinary memory, outside the regions,
-//! optionally LZ4-compressed. Zero set-up, and the fastest tier there is, so benchmarks on it
+//! optionally compressed (`codec.rs`: LZ4 or zstd). Zero set-up, and the fastest tier there is, so benchmarks on it
 //! show the runtime's own overheads.
 
 use std::cell::RefCell;
@@ -7,6 +7,7 @@ use std::cell::RefCell;
 use farmem_proto::{IoClass, PageKey};
 use farmem_sys::mem::PAGE_SIZE;
 
+use super::codec::Codec;
 use super::error::BackendError;
 use super::index::PageIndex;
 use super::io::{short_buffer, Backend, Completion, FarUsage, IoDone, PageBuf};
@@ -17,7 +18,7 @@ use super::slabs::{Slabs, Slot, GRAIN};
 struct Stored {
     slot: Slot,
     /// Compressed length, or 0 for a page kept raw (it did not compress below a page).
-    lz4_len: u16,
+    clen: u16,
 }
 
 /// Bytes of bookkeeping per stored page (its index entry, with the hash table's slack).
@@ -25,19 +26,19 @@ const INDEX_BYTES_PER_PAGE: u64 = 48;
 
 thread_local! {
     /// Compression output, reused: a page compresses here before its slot is known.
-    static SCRATCH: RefCell<Vec<u8>> = RefCell::new(
-        vec![0; lz4_flex::block::get_maximum_output_size(PAGE_SIZE)]);
+    static SCRATCH: RefCell<Vec<u8>> = RefCell::new(vec![0; Codec::max_len(PAGE_SIZE)]);
 }
 
 pub struct LocalBackend {
-    lz4: bool,
+    /// The compressor, if pages are compressed.
+    codec: Option<Codec>,
     index: PageIndex<Stored>,
     slabs: Slabs,
 }
 
 impl LocalBackend {
     /// A store that may hold up to `max_bytes` of memory (blocks, after compression).
-    pub fn new(lz4: bool, max_bytes: usize) -> Result<LocalBackend, BackendError> {
+    pub fn new(codec: Option<Codec>, max_bytes: usize) -> Result<LocalBackend, BackendError> {
         let slabs = Slabs::new(max_bytes).map_err(|e| {
             BackendError::Failed(format!(
                 "reserving {} MiB of address space for far pages: {e}",
@@ -45,7 +46,7 @@ impl LocalBackend {
             ))
         })?;
         Ok(LocalBackend {
-            lz4,
+            codec,
             index: PageIndex::new(),
             slabs,
         })
@@ -59,10 +60,10 @@ impl LocalBackend {
                 self.slabs.held_bytes() >> 20
             ))
         };
-        if self.lz4 {
+        if let Some(codec) = self.codec {
             let got = SCRATCH.with(|s| {
                 let mut s = s.borrow_mut();
-                let n = lz4_flex::block::compress_into(page, &mut s[..]).ok()?;
+                let n = codec.compress(page, &mut s[..])?;
                 if n.next_multiple_of(GRAIN) >= PAGE_SIZE {
                     return None;
                 }
@@ -73,7 +74,7 @@ impl LocalBackend {
                 }
                 Some(slot.map(|slot| Stored {
                     slot,
-                    lz4_len: n as u16,
+                    clen: n as u16,
                 }))
             });
             if let Some(r) = got {
@@ -83,15 +84,16 @@ impl LocalBackend {
         let slot = self.slabs.alloc(PAGE_SIZE).ok_or_else(full)?;
         // SAFETY: a fresh page-sized slot, ours alone.
         unsafe { self.slabs.fill(slot, page) };
-        Ok(Stored { slot, lz4_len: 0 })
+        Ok(Stored { slot, clen: 0 })
     }
 
     /// Store page `k` compressed if it compresses to `max_len` bytes or less and the store
     /// has room; `false` if not (nothing stored, any old copy of `k` kept).
     pub(crate) fn put_compressed(&self, k: PageKey, page: &[u8], max_len: usize) -> bool {
+        let codec = self.codec.unwrap_or_default();
         let stored = SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
-            let n = lz4_flex::block::compress_into(page, &mut s[..]).ok()?;
+            let n = codec.compress(page, &mut s[..])?;
             if n > max_len {
                 return None;
             }
@@ -100,7 +102,7 @@ impl LocalBackend {
             unsafe { self.slabs.fill(slot, &s[..n]) };
             Some(Stored {
                 slot,
-                lz4_len: n as u16,
+                clen: n as u16,
             })
         });
         let Some(v) = stored else { return false };
@@ -108,6 +110,11 @@ impl LocalBackend {
             self.slabs.free(o.slot);
         }
         true
+    }
+
+    /// The compressor's name (`lz4` when pages are not compressed: `put_compressed` uses it).
+    pub(crate) fn codec_name(&self) -> String {
+        self.codec.unwrap_or_default().name()
     }
 
     /// Forget page `k`; whether the store held it.
@@ -138,19 +145,23 @@ impl LocalBackend {
         let Some(&s) = shard.get(&(k.region, k.page)) else {
             return Ok(false);
         };
-        if s.lz4_len == 0 {
+        if s.clen == 0 {
             // SAFETY: the slot is live while its entry is in the shard, whose lock we hold.
             out.copy_from_slice(unsafe { self.slabs.bytes(s.slot, PAGE_SIZE) });
             return Ok(true);
         }
         // SAFETY: as above.
-        let c = unsafe { self.slabs.bytes(s.slot, s.lz4_len as usize) };
-        let n = lz4_flex::block::decompress_into(c, out).map_err(|e| {
-            BackendError::Failed(format!(
-                "corrupt compressed page {} of region {}: {e}",
-                k.page, k.region
-            ))
-        })?;
+        let c = unsafe { self.slabs.bytes(s.slot, s.clen as usize) };
+        let n = self
+            .codec
+            .unwrap_or_default()
+            .decompress(c, out)
+            .map_err(|e| {
+                BackendError::Failed(format!(
+                    "corrupt compressed page {} of region {}: {e}",
+                    k.page, k.region
+                ))
+            })?;
         if n != PAGE_SIZE {
             return Err(BackendError::Failed(format!(
                 "compressed page {} of region {} decodes to {n} bytes",
@@ -163,7 +174,11 @@ impl LocalBackend {
 
 impl Backend for LocalBackend {
     fn describe(&self) -> String {
-        if self.lz4 { "local+lz4" } else { "local" }.to_string()
+        match self.codec {
+            None => "local".into(),
+            Some(Codec::Lz4) => "local+lz4".into(),
+            Some(c) => format!("local+{}", c.name()),
+        }
     }
 
     fn open_region(&self, _region: u32, _npages: u64) -> Result<(), BackendError> {
@@ -245,8 +260,8 @@ impl Backend for LocalBackend {
 mod tests {
     use super::*;
 
-    fn roundtrip(lz4: bool) {
-        let b = LocalBackend::new(lz4, 64 << 20).unwrap();
+    fn roundtrip(codec: Option<Codec>) {
+        let b = LocalBackend::new(codec, 64 << 20).unwrap();
         let keys: Vec<PageKey> = (0..4).map(|p| PageKey { region: 7, page: p }).collect();
         let mut buf = PageBuf::new(4);
         buf.set_len(4);
@@ -279,11 +294,16 @@ mod tests {
 
     #[test]
     fn raw_roundtrip() {
-        roundtrip(false);
+        roundtrip(None);
     }
 
     #[test]
     fn lz4_roundtrip() {
-        roundtrip(true);
+        roundtrip(Some(Codec::Lz4));
+    }
+
+    #[test]
+    fn zstd_roundtrip() {
+        roundtrip(Some(Codec::Zstd(3)));
     }
 }

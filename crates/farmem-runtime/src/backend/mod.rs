@@ -6,6 +6,7 @@
 //! class; backends serve demand before prefetch before write-back (Fastswap separates its
 //! queues the same way).
 
+pub(crate) mod codec;
 pub(crate) mod error;
 pub(crate) mod file;
 pub(crate) mod index;
@@ -19,16 +20,21 @@ pub(crate) mod tiered;
 
 use std::sync::Arc;
 
+pub use codec::Codec;
 pub use error::BackendError;
 pub use farmem_proto::{IoClass, PageKey};
 pub use file::check_dir as check_far_dir;
 pub use io::{Backend, Completer, Completion, FarUsage, IoDone, PageBuf};
 pub use spec::{compressed_max, default_far_dir, far_file_max, BackendSpec, TcpSpec};
 
-/// Build (and for remote backends, connect) the backend a configuration names.
-pub fn from_spec(spec: &BackendSpec) -> Result<Arc<dyn Backend>, BackendError> {
+/// Build (and for remote backends, connect) the backend a configuration names; its
+/// compressed tiers use `codec`.
+pub fn from_spec(spec: &BackendSpec, codec: Codec) -> Result<Arc<dyn Backend>, BackendError> {
     Ok(match spec {
-        BackendSpec::Local { lz4 } => Arc::new(local::LocalBackend::new(*lz4, local_store_cap())?),
+        BackendSpec::Local { lz4 } => Arc::new(local::LocalBackend::new(
+            lz4.then_some(codec),
+            local_store_cap(),
+        )?),
         BackendSpec::File { dir, max_bytes } => {
             let max = match max_bytes {
                 Some(m) => *m,
@@ -45,7 +51,12 @@ pub fn from_spec(spec: &BackendSpec) -> Result<Arc<dyn Backend>, BackendError> {
                 None => spec::compressed_max().map_err(config_error)?,
             };
             let file_max = spec::far_file_max().map_err(config_error)?;
-            Arc::new(tiered::TieredBackend::new(cap as usize, dir, file_max)?)
+            Arc::new(tiered::TieredBackend::new(
+                codec,
+                cap as usize,
+                dir,
+                file_max,
+            )?)
         }
         BackendSpec::Tcp(t) => Arc::new(tcp::TcpBackend::connect(t.clone())?),
     })

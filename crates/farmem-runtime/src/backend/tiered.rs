@@ -12,6 +12,7 @@ use std::path::Path;
 use farmem_proto::{IoClass, PageKey};
 use farmem_sys::mem::PAGE_SIZE;
 
+use super::codec::Codec;
 use super::error::BackendError;
 use super::file::FileBackend;
 use super::io::{short_buffer, Backend, Completion, FarUsage, IoDone, PageBuf};
@@ -29,9 +30,14 @@ pub struct TieredBackend {
 impl TieredBackend {
     /// Compressed DRAM of at most `dram_max` bytes in front of a file in `dir` of at most
     /// `file_max` bytes.
-    pub fn new(dram_max: usize, dir: &Path, file_max: u64) -> Result<TieredBackend, BackendError> {
+    pub fn new(
+        codec: Codec,
+        dram_max: usize,
+        dir: &Path,
+        file_max: u64,
+    ) -> Result<TieredBackend, BackendError> {
         Ok(TieredBackend {
-            dram: LocalBackend::new(true, dram_max)?,
+            dram: LocalBackend::new(Some(codec), dram_max)?,
             file: FileBackend::new(dir, file_max)?,
         })
     }
@@ -39,7 +45,7 @@ impl TieredBackend {
 
 impl Backend for TieredBackend {
     fn describe(&self) -> String {
-        format!("lz4 then {}", self.file.describe())
+        format!("{} then {}", self.dram.codec_name(), self.file.describe())
     }
 
     fn open_region(&self, _region: u32, _npages: u64) -> Result<(), BackendError> {

@@ -1,0 +1,118 @@
+//! The page compressor of the in-process tiers (`local+lz4://`, the compressed part of
+//! `tiered://`), chosen for the whole runtime as zswap's is (`FARMEM_COMPRESSOR`): LZ4 by
+//! default (fast, what zram and zswap default to), or zstd at a level (denser, slower).
+
+use std::cell::RefCell;
+
+/// A page compressor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Codec {
+    #[default]
+    Lz4,
+    /// zstd at this level (1..=19).
+    Zstd(i32),
+}
+
+thread_local! {
+    /// zstd contexts, made once per thread (a context costs more to make than a page to
+    /// compress); the compressor's level with it.
+    static ZSTD_C: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> =
+        const { RefCell::new(None) };
+    static ZSTD_D: RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { RefCell::new(None) };
+}
+
+impl Codec {
+    /// `lz4`, `zstd` (level 3) or `zstd:LEVEL`.
+    pub fn parse(s: &str) -> Result<Codec, String> {
+        let s = s.trim();
+        match s.split_once(':') {
+            None if s == "lz4" => Ok(Codec::Lz4),
+            None if s == "zstd" => Ok(Codec::Zstd(3)),
+            Some(("zstd", l)) => match l.trim().parse::<i32>() {
+                Ok(l) if (1..=19).contains(&l) => Ok(Codec::Zstd(l)),
+                _ => Err(format!("compressor {s}: the zstd level must be 1..=19")),
+            },
+            _ => Err(format!(
+                "compressor {s}: expected lz4, zstd or zstd:LEVEL (1..=19)"
+            )),
+        }
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            Codec::Lz4 => "lz4".into(),
+            Codec::Zstd(l) => format!("zstd:{l}"),
+        }
+    }
+
+    /// Room a compressed page may need (output buffers are this long).
+    pub(crate) fn max_len(page: usize) -> usize {
+        lz4_flex::block::get_maximum_output_size(page).max(zstd::zstd_safe::compress_bound(page))
+    }
+
+    /// Compress `page` into `out`; its length, or None if it failed.
+    pub(crate) fn compress(&self, page: &[u8], out: &mut [u8]) -> Option<usize> {
+        match *self {
+            Codec::Lz4 => lz4_flex::block::compress_into(page, out).ok(),
+            Codec::Zstd(level) => ZSTD_C.with(|c| {
+                let mut c = c.borrow_mut();
+                if c.as_ref().is_none_or(|(l, _)| *l != level) {
+                    let mut z = zstd::bulk::Compressor::new(level).ok()?;
+                    // The length is known from the page size; no checksum (the store is
+                    // this process's memory).
+                    z.include_contentsize(false).ok()?;
+                    z.include_checksum(false).ok()?;
+                    *c = Some((level, z));
+                }
+                let (_, z) = c.as_mut()?;
+                z.compress_to_buffer(page, out).ok()
+            }),
+        }
+    }
+
+    /// Decompress `c` into `out`; the length written.
+    pub(crate) fn decompress(&self, c: &[u8], out: &mut [u8]) -> Result<usize, String> {
+        match self {
+            Codec::Lz4 => lz4_flex::block::decompress_into(c, out).map_err(|e| e.to_string()),
+            Codec::Zstd(_) => ZSTD_D.with(|d| {
+                let mut d = d.borrow_mut();
+                if d.is_none() {
+                    *d = Some(zstd::bulk::Decompressor::new().map_err(|e| e.to_string())?);
+                }
+                let z = d.as_mut().expect("made above");
+                z.decompress_to_buffer(c, out).map_err(|e| e.to_string())
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_come_back_through_both_codecs_and_zstd_is_denser_on_text() {
+        let page: Vec<u8> = (0..4096u32)
+            .map(|i| b"the quick brown fox jumps over the lazy dog "[(i as usize * 7) % 44])
+            .collect();
+        let mut lens = Vec::new();
+        for codec in [Codec::Lz4, Codec::Zstd(3), Codec::Zstd(19)] {
+            let mut c = vec![0; Codec::max_len(4096)];
+            let n = codec.compress(&page, &mut c).expect("compresses");
+            let mut back = vec![0; 4096];
+            assert_eq!(codec.decompress(&c[..n], &mut back), Ok(4096));
+            assert_eq!(back, page, "{codec:?}");
+            lens.push(n);
+        }
+        assert!(
+            lens[1] <= lens[0],
+            "zstd {} against lz4 {}",
+            lens[1],
+            lens[0]
+        );
+        assert_eq!(Codec::parse("zstd:7"), Ok(Codec::Zstd(7)));
+        assert_eq!(Codec::parse("lz4"), Ok(Codec::Lz4));
+        assert!(Codec::parse("zstd:0").is_err() && Codec::parse("gzip").is_err());
+    }
+}
