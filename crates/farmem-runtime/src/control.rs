@@ -18,9 +18,9 @@ use std::time::Duration;
 
 use crate::fault::FaultServer;
 use crate::fetch::readahead;
-use crate::gate;
 use crate::reclaim;
 use crate::state::State;
+use crate::{demotion, gate};
 
 /// The control thread's loop.
 pub(crate) fn run(st: Arc<State>) {
@@ -64,5 +64,6 @@ fn round(st: &Arc<State>, stealer: &mut FaultServer, steal_after: u64) -> bool {
         }
         return true;
     }
-    false
+    // Nothing to evict: move cold far pages to a slower tier if the backend wants to.
+    demotion::round(st)
 }

@@ -35,6 +35,7 @@ pub mod testing;
 // free of cycles).
 mod book;
 mod control;
+mod demotion;
 mod discard;
 mod env;
 mod fault;

@@ -236,6 +236,51 @@ fn the_tiered_store_spills_to_its_file_and_reads_back_right() {
     assert_eq!((s.far_pages, s.far_file_bytes), (0, 0), "discarded: {s}");
 }
 
+/// A compressed tier that fills up sends its oldest pages to the file in the background
+/// (the control thread locks them first), down to three quarters of its cap: pages still
+/// read back right, and the tier keeps room for new evictions.
+#[test]
+fn the_tiered_store_moves_its_oldest_compressed_pages_to_the_file() {
+    let rt = Runtime::new(Config {
+        local_mem: BUDGET,
+        backend: BackendSpec::Tiered {
+            dir: farmem_runtime::default_far_dir(),
+            compressed_max: Some(1 << 20),
+        },
+        evict_batch: 32,
+        ..Config::default()
+    })
+    .expect("a runtime (needs userfaultfd)");
+    let r = rt.create_region(PAGES * PAGE_SIZE).unwrap();
+    for p in 0..PAGES {
+        fill_page(&r, p, |w| content(6, p, w));
+    }
+    check_all(&r, 6);
+    let s = quiet(&rt);
+    let demoted: u64 = rt
+        .report()
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("demoted_to_file")?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .expect("the tiered store reports demoted_to_file");
+    assert!(demoted > 0, "nothing moved to the file: {s}");
+    assert!(
+        s.far_file_bytes > 0 && s.backend_bytes > s.far_file_bytes,
+        "pages in both tiers: {s}"
+    );
+    // Rewritten (new contents in whichever tier), then read back twice.
+    for p in 0..PAGES {
+        fill_page(&r, p, |w| content(7, p, w));
+    }
+    check_all(&r, 7);
+    check_all(&r, 7);
+}
+
 /// A far file that is full refuses pages: they stay local beyond the budget, the pressure is
 /// counted, and nothing is lost.
 #[test]

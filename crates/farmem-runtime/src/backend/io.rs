@@ -297,6 +297,20 @@ pub trait Backend: Send + Sync {
     /// After the fork, in the child (its only thread): make the store the child's own.
     fn fork_child(&self) {}
 
+    /// Pages the backend would move from a fast tier to a slower one now: the oldest of its
+    /// compressed DRAM tier, when that is nearly full (zswap's write-back of cold pages).
+    /// The runtime locks those it can and hands them to [`Backend::demote`]; none by default.
+    fn demotion_candidates(&self, max: usize) -> Vec<PageKey> {
+        let _ = max;
+        Vec::new()
+    }
+
+    /// Move the pages of `keys` whose `locked` is true (the runtime holds their page locks:
+    /// no request on them runs meanwhile) to the slower tier; keep the others as candidates.
+    fn demote(&self, keys: &[PageKey], locked: &[bool]) {
+        let _ = (keys, locked);
+    }
+
     /// Backend-specific counters for the statistics (reconnections, resent requests...).
     fn counters(&self) -> Vec<(&'static str, u64)> {
         Vec::new()

@@ -3,6 +3,10 @@
 //! show the runtime's own overheads.
 
 use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use parking_lot::Mutex;
 
 use farmem_proto::{IoClass, PageKey};
 use farmem_sys::mem::PAGE_SIZE;
@@ -19,6 +23,8 @@ struct Stored {
     slot: Slot,
     /// Compressed length, or 0 for a page kept raw (it did not compress below a page).
     clen: u16,
+    /// When it was stored by `put_compressed` (its place in `order`; 0: not queued).
+    seq: u32,
 }
 
 /// Bytes of bookkeeping per stored page (its index entry, with the hash table's slack).
@@ -30,6 +36,11 @@ thread_local! {
 }
 
 pub struct LocalBackend {
+    /// Pages stored by `put_compressed`, oldest first, with their `seq` (an entry whose page
+    /// was stored again or forgotten since is stale and skipped): the tiered store's
+    /// candidates for moving to its file.
+    order: Mutex<VecDeque<(PageKey, u32)>>,
+    next_seq: AtomicU32,
     /// The compressor, if pages are compressed.
     codec: Option<Codec>,
     index: PageIndex<Stored>,
@@ -46,6 +57,8 @@ impl LocalBackend {
             ))
         })?;
         Ok(LocalBackend {
+            order: Mutex::new(VecDeque::new()),
+            next_seq: AtomicU32::new(1),
             codec,
             index: PageIndex::new(),
             slabs,
@@ -75,6 +88,7 @@ impl LocalBackend {
                 Some(slot.map(|slot| Stored {
                     slot,
                     clen: n as u16,
+                    seq: 0,
                 }))
             });
             if let Some(r) = got {
@@ -84,7 +98,11 @@ impl LocalBackend {
         let slot = self.slabs.alloc(PAGE_SIZE).ok_or_else(full)?;
         // SAFETY: a fresh page-sized slot, ours alone.
         unsafe { self.slabs.fill(slot, page) };
-        Ok(Stored { slot, clen: 0 })
+        Ok(Stored {
+            slot,
+            clen: 0,
+            seq: 0,
+        })
     }
 
     /// Store page `k` compressed if it compresses to `max_len` bytes or less and the store
@@ -103,13 +121,59 @@ impl LocalBackend {
             Some(Stored {
                 slot,
                 clen: n as u16,
+                seq: self.next_seq.fetch_add(1, Ordering::Relaxed).max(1),
             })
         });
         let Some(v) = stored else { return false };
+        {
+            let mut order = self.order.lock();
+            order.push_back((k, v.seq));
+            // Pages fetched back or stored again leave stale entries: drop them once they
+            // outnumber the live ones (amortized, a lookup per entry put).
+            if order.len() > 2 * self.index.len() + 4096 {
+                order.retain(|&(k, seq)| self.index.get(k).is_some_and(|s| s.seq == seq));
+            }
+        }
         if let Some(o) = self.index.insert(k, v) {
             self.slabs.free(o.slot);
         }
         true
+    }
+
+    /// Whether the store's memory is above `held_permille`/1000 of its cap while its live
+    /// blocks are above `live_permille`/1000 (freeing blocks does not always free chunks: a
+    /// chunk goes back only when empty, so the first alone would empty the store).
+    pub(crate) fn fuller_than(&self, held_permille: u64, live_permille: u64) -> bool {
+        let max = self.slabs.max_held();
+        self.slabs.held_bytes() * 1000 > max * held_permille
+            && self.slabs.slot_bytes() * 1000 > max * live_permille
+    }
+
+    /// Up to `n` of the oldest pages stored by `put_compressed` and still held, taken out of
+    /// the queue (give back those not moved with [`LocalBackend::requeue`]).
+    pub(crate) fn oldest(&self, n: usize) -> Vec<PageKey> {
+        let mut order = self.order.lock();
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let Some((k, seq)) = order.pop_front() else {
+                break;
+            };
+            if self.index.get(k).is_some_and(|s| s.seq == seq) {
+                out.push(k);
+            }
+        }
+        out
+    }
+
+    /// Put pages taken by [`LocalBackend::oldest`] and not moved back in the queue (at its
+    /// end: they were just looked at).
+    pub(crate) fn requeue(&self, keys: &[PageKey]) {
+        let mut order = self.order.lock();
+        for &k in keys {
+            if let Some(s) = self.index.get(k).filter(|s| s.seq != 0) {
+                order.push_back((k, s.seq));
+            }
+        }
     }
 
     /// The compressor's name (`lz4` when pages are not compressed: `put_compressed` uses it).

@@ -200,6 +200,11 @@ impl Slabs {
         (self.held_chunks.load(Ordering::Relaxed) * CHUNK) as u64
     }
 
+    /// The most bytes of chunks the pool may hold.
+    pub(crate) fn max_held(&self) -> u64 {
+        self.max_held as u64
+    }
+
     /// Bytes of the live slots (each block rounded up to its class).
     pub(crate) fn slot_bytes(&self) -> u64 {
         self.slot_bytes.load(Ordering::Relaxed)

@@ -4,8 +4,11 @@
 //!
 //! Each page lives in one tier at a time: storing it in one forgets it in the other. The
 //! runtime holds a page's lock across every request on it, so no two requests on one page
-//! ever race here. Cold compressed pages are not moved to the file later: once the
-//! compressed tier is full, new pages overflow to the file instead.
+//! ever race here. When the compressed tier is nearly full, its oldest pages move to the
+//! file in the background (zswap's write-back): the control thread takes them
+//! ([`Backend::demotion_candidates`]), locks the pages and hands them back
+//! ([`Backend::demote`]), so that moving one never races a request on it either. A page
+//! evicted while the tier is full still goes straight to the file.
 
 use std::path::Path;
 
@@ -22,9 +25,18 @@ use super::local::LocalBackend;
 /// the compression work at each fetch.
 const MAX_COMPRESSED: usize = PAGE_SIZE * 3 / 4;
 
+/// The compressed tier's fill (per mille of its cap) above which its oldest pages move to
+/// the file in the background, so that new evictions (the likelier to come back) find room
+/// in memory rather than overflowing to the disk.
+const DEMOTE_ABOVE_PERMILLE: u64 = 900;
+/// ... until its live blocks are down to this (per mille of its cap).
+const DEMOTE_DOWN_TO_PERMILLE: u64 = 750;
+
 pub struct TieredBackend {
     dram: LocalBackend,
     file: FileBackend,
+    /// Pages moved from the compressed tier to the file.
+    demoted: std::sync::atomic::AtomicU64,
 }
 
 impl TieredBackend {
@@ -39,6 +51,7 @@ impl TieredBackend {
         Ok(TieredBackend {
             dram: LocalBackend::new(Some(codec), dram_max)?,
             file: FileBackend::new(dir, file_max)?,
+            demoted: Default::default(),
         })
     }
 }
@@ -115,6 +128,50 @@ impl Backend for TieredBackend {
 
     fn fork_child(&self) {
         self.file.fork_child();
+    }
+
+    fn demotion_candidates(&self, max: usize) -> Vec<PageKey> {
+        if self
+            .dram
+            .fuller_than(DEMOTE_ABOVE_PERMILLE, DEMOTE_DOWN_TO_PERMILLE)
+        {
+            self.dram.oldest(max)
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn demote(&self, keys: &[PageKey], locked: &[bool]) {
+        let mut buf = PageBuf::new(keys.len());
+        buf.set_len(keys.len());
+        let (mut moving, mut kept) = (Vec::new(), Vec::new());
+        for (i, (&k, &l)) in keys.iter().zip(locked).enumerate() {
+            // Under the page's lock its copy cannot change or go: read it once.
+            if l && matches!(self.dram.try_read_into(k, buf.page_mut(i)), Ok(true)) {
+                moving.push((i, k));
+            } else if !l {
+                kept.push(k);
+            }
+        }
+        match self.file.write_pages(&moving, &buf) {
+            Ok(()) => {
+                for &(_, k) in &moving {
+                    self.dram.take(k);
+                }
+                self.demoted
+                    .fetch_add(moving.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+            // The file is full or failing: the pages stay compressed.
+            Err(_) => kept.extend(moving.iter().map(|&(_, k)| k)),
+        }
+        self.dram.requeue(&kept);
+    }
+
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        vec![(
+            "demoted_to_file",
+            self.demoted.load(std::sync::atomic::Ordering::Relaxed),
+        )]
     }
 
     fn frees_on_forget(&self) -> bool {
