@@ -48,13 +48,12 @@ use crate::stats::add;
 /// How the fork under way treats far memory.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Way {
-    /// Nothing to do: no runtime, or a child of a child whose memory is all local.
-    None,
     KeepFar,
     BringBack,
 }
 
-/// The runtimes of the fork under way (prepare handler to parent or child handler).
+/// The runtimes of the fork under way (prepare handler to parent or child handler); no way
+/// when there is nothing to do (a child of a child whose memory is all local).
 static FORKING: Mutex<(Vec<Arc<State>>, Option<Way>)> = Mutex::new((Vec::new(), None));
 
 /// Install the fork handlers (once per process).
@@ -82,7 +81,6 @@ extern "C" fn prepare() {
     let _local = LocalScope::enter();
     no_unwind("prepare", || {
         if in_child() {
-            *FORKING.lock() = (Vec::new(), Some(Way::None));
             return; // a child of a child that brought its pages back: nothing is far here
         }
         let keep_far = registry::live_runtimes()
@@ -127,7 +125,7 @@ extern "C" fn parent() {
                     resume(st);
                 }
             }
-            _ => {}
+            None => {}
         }
     })
 }
@@ -153,7 +151,7 @@ extern "C" fn child() {
             // locks are never taken again in this process.
             std::mem::forget(runtimes);
         }
-        _ => {}
+        None => {}
     }
 }
 

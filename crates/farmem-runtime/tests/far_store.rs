@@ -20,6 +20,20 @@ fn start(lz4: bool, copies: Option<FarCopies>) -> Runtime {
     .expect("a runtime (needs userfaultfd)")
 }
 
+/// The tiered store with a compressed tier of 1 MiB: most far pages end up in its file.
+fn start_tiered() -> Runtime {
+    Runtime::new(Config {
+        local_mem: BUDGET,
+        backend: BackendSpec::Tiered {
+            dir: farmem_runtime::default_far_dir(),
+            compressed_max: Some(1 << 20),
+        },
+        evict_batch: 32,
+        ..Config::default()
+    })
+    .expect("a runtime (needs userfaultfd)")
+}
+
 /// Half of each page from the pattern, half zeros: compressible, never all zeros.
 fn content(salt: u64, page: usize, w: usize) -> u64 {
     if w.is_multiple_of(2) {
@@ -182,16 +196,7 @@ fn clean_copies_stay_until_written_and_rewrites_read_right() {
 /// everything reads back right, and the store says where it is.
 #[test]
 fn the_tiered_store_spills_to_its_file_and_reads_back_right() {
-    let rt = Runtime::new(Config {
-        local_mem: BUDGET,
-        backend: BackendSpec::Tiered {
-            dir: farmem_runtime::default_far_dir(),
-            compressed_max: Some(1 << 20),
-        },
-        evict_batch: 32,
-        ..Config::default()
-    })
-    .expect("a runtime (needs userfaultfd)");
+    let rt = start_tiered();
     let r = rt.create_region(PAGES * PAGE_SIZE).unwrap();
     // Even pages compress (half zeros), odd ones do not (every word random).
     let word = |p: usize, w: usize| {
@@ -241,16 +246,7 @@ fn the_tiered_store_spills_to_its_file_and_reads_back_right() {
 /// read back right, and the tier keeps room for new evictions.
 #[test]
 fn the_tiered_store_moves_its_oldest_compressed_pages_to_the_file() {
-    let rt = Runtime::new(Config {
-        local_mem: BUDGET,
-        backend: BackendSpec::Tiered {
-            dir: farmem_runtime::default_far_dir(),
-            compressed_max: Some(1 << 20),
-        },
-        evict_batch: 32,
-        ..Config::default()
-    })
-    .expect("a runtime (needs userfaultfd)");
+    let rt = start_tiered();
     let r = rt.create_region(PAGES * PAGE_SIZE).unwrap();
     for p in 0..PAGES {
         fill_page(&r, p, |w| content(6, p, w));

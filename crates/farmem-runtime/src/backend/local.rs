@@ -35,11 +35,19 @@ thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = RefCell::new(vec![0; Codec::max_len(PAGE_SIZE)]);
 }
 
+/// The queue of `put_compressed` pages, and the length at which its stale entries are next
+/// dropped.
+#[derive(Default)]
+struct Order {
+    queue: VecDeque<(PageKey, u32)>,
+    compact_at: usize,
+}
+
 pub struct LocalBackend {
     /// Pages stored by `put_compressed`, oldest first, with their `seq` (an entry whose page
     /// was stored again or forgotten since is stale and skipped): the tiered store's
     /// candidates for moving to its file.
-    order: Mutex<VecDeque<(PageKey, u32)>>,
+    order: Mutex<Order>,
     next_seq: AtomicU32,
     /// The compressor, if pages are compressed.
     codec: Option<Codec>,
@@ -57,7 +65,7 @@ impl LocalBackend {
             ))
         })?;
         Ok(LocalBackend {
-            order: Mutex::new(VecDeque::new()),
+            order: Mutex::new(Order::default()),
             next_seq: AtomicU32::new(1),
             codec,
             index: PageIndex::new(),
@@ -127,11 +135,14 @@ impl LocalBackend {
         let Some(v) = stored else { return false };
         {
             let mut order = self.order.lock();
-            order.push_back((k, v.seq));
-            // Pages fetched back or stored again leave stale entries: drop them once they
-            // outnumber the live ones (amortized, a lookup per entry put).
-            if order.len() > 2 * self.index.len() + 4096 {
-                order.retain(|&(k, seq)| self.index.get(k).is_some_and(|s| s.seq == seq));
+            order.queue.push_back((k, v.seq));
+            // Pages fetched back or stored again leave stale entries: drop them once the
+            // queue has doubled since the last time (amortized, a lookup per entry put).
+            if order.queue.len() > order.compact_at {
+                order
+                    .queue
+                    .retain(|&(k, seq)| self.index.get(k).is_some_and(|s| s.seq == seq));
+                order.compact_at = 2 * order.queue.len() + 4096;
             }
         }
         if let Some(o) = self.index.insert(k, v) {
@@ -155,7 +166,7 @@ impl LocalBackend {
         let mut order = self.order.lock();
         let mut out = Vec::with_capacity(n);
         while out.len() < n {
-            let Some((k, seq)) = order.pop_front() else {
+            let Some((k, seq)) = order.queue.pop_front() else {
                 break;
             };
             if self.index.get(k).is_some_and(|s| s.seq == seq) {
@@ -171,7 +182,7 @@ impl LocalBackend {
         let mut order = self.order.lock();
         for &k in keys {
             if let Some(s) = self.index.get(k).filter(|s| s.seq != 0) {
-                order.push_back((k, s.seq));
+                order.queue.push_back((k, s.seq));
             }
         }
     }
