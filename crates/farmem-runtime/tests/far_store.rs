@@ -73,6 +73,14 @@ fn quiet(rt: &Runtime) -> farmem_runtime::StatsSnapshot {
     panic!("the runtime never stopped evicting: {last}");
 }
 
+/// A backend counter from the runtime's report.
+fn counter(rt: &Runtime, name: &str) -> u64 {
+    rt.report()
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the store reports {name}"))
+}
+
 /// Write every page, read every page back twice (each pass evicts most of them again), and
 /// count what the store holds against what is far.
 fn write_and_reread(rt: &Runtime) -> farmem_runtime::Region {
@@ -253,21 +261,12 @@ fn the_tiered_store_moves_its_oldest_compressed_pages_to_the_file() {
     }
     check_all(&r, 6);
     let s = quiet(&rt);
-    let demoted: u64 = rt
-        .report()
-        .lines()
-        .find_map(|l| {
-            l.trim()
-                .strip_prefix("demoted_to_file")?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .expect("the tiered store reports demoted_to_file");
+    let demoted = counter(&rt, "demoted_to_file");
     assert!(demoted > 0, "nothing moved to the file: {s}");
     assert!(
         s.far_file_bytes > 0 && s.backend_bytes > s.far_file_bytes,
-        "pages in both tiers: {s}"
+        "pages in both tiers: {s}\n{}",
+        rt.report()
     );
     // Rewritten (new contents in whichever tier), then read back twice.
     for p in 0..PAGES {
@@ -303,4 +302,53 @@ fn a_full_far_file_keeps_pages_local_and_loses_nothing() {
         s.far_file_bytes <= 4 << 20,
         "the file keeps to its limit: {s}"
     );
+}
+
+/// Pages whose neighbours did not compress skip the compressor (they go to the file, or
+/// stay raw in `local+lz4://`), and read back right; once the same pages are rewritten with
+/// compressible contents, the probes see it and they are compressed again.
+#[test]
+fn incompressible_neighbourhoods_skip_the_compressor_until_they_compress_again() {
+    for tiered in [true, false] {
+        let rt = if tiered {
+            start_tiered()
+        } else {
+            start(true, None)
+        };
+        let r = rt.create_region(PAGES * PAGE_SIZE).unwrap();
+        for p in 0..PAGES {
+            fill_page(&r, p, |w| pattern(8, p, w));
+        }
+        check_pages(&r, |p, w| pattern(8, p, w));
+        let s = quiet(&rt);
+        let skipped = counter(&rt, "compress_skipped");
+        assert!(
+            skipped > PAGES as u64 / 2,
+            "tiered {tiered}: most incompressible pages skip the compressor ({skipped}): {s}"
+        );
+        let raw_stored = s.backend_bytes;
+        for p in 0..PAGES {
+            fill_page(&r, p, |w| content(9, p, w));
+        }
+        check_all(&r, 9);
+        let s = quiet(&rt);
+        if tiered {
+            assert!(
+                s.backend_bytes > s.far_file_bytes,
+                "compressible pages are compressed in memory again: {s}"
+            );
+        } else {
+            assert!(
+                s.backend_bytes < raw_stored * 3 / 4,
+                "compressible pages are compressed again ({raw_stored} bytes before): {s}"
+            );
+        }
+        // Until a probe sees the change, a neighbourhood (512 pages) skips up to 15 pages
+        // (more while the old incompressible pages still resident are evicted among them).
+        let more = counter(&rt, "compress_skipped") - skipped;
+        assert!(
+            more < PAGES as u64 / 4,
+            "tiered {tiered}: {more} compressible pages skipped"
+        );
+    }
 }

@@ -4,7 +4,7 @@
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -12,6 +12,7 @@ use farmem_proto::{IoClass, PageKey};
 use farmem_sys::mem::PAGE_SIZE;
 
 use super::codec::Codec;
+use super::compressibility::Compressibility;
 use super::error::BackendError;
 use super::index::PageIndex;
 use super::io::{short_buffer, Backend, Completion, FarUsage, IoDone, PageBuf};
@@ -51,6 +52,9 @@ pub struct LocalBackend {
     next_seq: AtomicU32,
     /// The compressor, if pages are compressed.
     codec: Option<Codec>,
+    /// Which neighbourhoods' pages are not worth compressing, and how many pages skipped it.
+    guess: Compressibility,
+    skipped: AtomicU64,
     index: PageIndex<Stored>,
     slabs: Slabs,
 }
@@ -68,26 +72,37 @@ impl LocalBackend {
             order: Mutex::new(Order::default()),
             next_seq: AtomicU32::new(1),
             codec,
+            guess: Compressibility::default(),
+            skipped: AtomicU64::new(0),
             index: PageIndex::new(),
             slabs,
         })
     }
 
-    /// Store one page: compressed if that saves at least a size class, else raw.
-    fn store(&self, page: &[u8]) -> Result<Stored, BackendError> {
+    /// Whether to compress page `k` (its neighbours have been compressing); counted if not.
+    fn worth_compressing(&self, k: PageKey) -> bool {
+        let worth = self.guess.worth_trying(k);
+        if !worth {
+            self.skipped.fetch_add(1, Ordering::Relaxed);
+        }
+        worth
+    }
+
+    /// Store page `k`: compressed if that saves at least a size class, else raw.
+    fn store(&self, k: PageKey, page: &[u8]) -> Result<Stored, BackendError> {
         let full = || {
             BackendError::Full(format!(
                 "the in-process far store holds {} MiB, its most",
                 self.slabs.held_bytes() >> 20
             ))
         };
-        if let Some(codec) = self.codec {
+        if let Some(codec) = self.codec.filter(|_| self.worth_compressing(k)) {
             let got = SCRATCH.with(|s| {
                 let mut s = s.borrow_mut();
-                let n = codec.compress(page, &mut s[..])?;
-                if n.next_multiple_of(GRAIN) >= PAGE_SIZE {
-                    return None;
-                }
+                let n = codec.compress(page, &mut s[..]);
+                let worth = n.is_some_and(|n| n.next_multiple_of(GRAIN) < PAGE_SIZE);
+                self.guess.record(k, worth);
+                let n = n.filter(|_| worth)?;
                 let slot = self.slabs.alloc(n);
                 if let Some(slot) = slot {
                     // SAFETY: a fresh slot of at least `n` bytes, ours alone.
@@ -117,12 +132,15 @@ impl LocalBackend {
     /// has room; `false` if not (nothing stored, any old copy of `k` kept).
     pub(crate) fn put_compressed(&self, k: PageKey, page: &[u8], max_len: usize) -> bool {
         let codec = self.codec.unwrap_or_default();
+        if !self.worth_compressing(k) {
+            return false;
+        }
         let stored = SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
-            let n = codec.compress(page, &mut s[..])?;
-            if n > max_len {
-                return None;
-            }
+            let n = codec.compress(page, &mut s[..]);
+            let worth = n.is_some_and(|n| n <= max_len);
+            self.guess.record(k, worth);
+            let n = n.filter(|_| worth)?;
             let slot = self.slabs.alloc(n)?;
             // SAFETY: a fresh slot of at least `n` bytes, ours alone.
             unsafe { self.slabs.fill(slot, &s[..n]) };
@@ -151,25 +169,29 @@ impl LocalBackend {
         true
     }
 
-    /// Whether the store's memory is above `held_permille`/1000 of its cap while its live
-    /// blocks are above `live_permille`/1000 (freeing blocks does not always free chunks: a
-    /// chunk goes back only when empty, so the first alone would empty the store).
-    pub(crate) fn fuller_than(&self, held_permille: u64, live_permille: u64) -> bool {
+    /// Bytes of live blocks above `live_permille`/1000 of the cap, if the store's memory is
+    /// above `held_permille`/1000 of it (freeing blocks does not always free chunks: a chunk
+    /// goes back only when empty, so the first condition alone would empty the store).
+    pub(crate) fn excess_over(&self, held_permille: u64, live_permille: u64) -> Option<u64> {
         let max = self.slabs.max_held();
-        self.slabs.held_bytes() * 1000 > max * held_permille
-            && self.slabs.slot_bytes() * 1000 > max * live_permille
+        let live = self.slabs.slot_bytes();
+        (self.slabs.held_bytes() * 1000 > max * held_permille && live * 1000 > max * live_permille)
+            .then(|| live - max * live_permille / 1000)
     }
 
-    /// Up to `n` of the oldest pages stored by `put_compressed` and still held, taken out of
-    /// the queue (give back those not moved with [`LocalBackend::requeue`]).
-    pub(crate) fn oldest(&self, n: usize) -> Vec<PageKey> {
+    /// The oldest pages stored by `put_compressed` and still held, up to `n` of them or until
+    /// their blocks add up to `bytes`, taken out of the queue (give back those not moved with
+    /// [`LocalBackend::requeue`]).
+    pub(crate) fn oldest(&self, n: usize, bytes: u64) -> Vec<PageKey> {
         let mut order = self.order.lock();
         let mut out = Vec::with_capacity(n);
-        while out.len() < n {
+        let mut got = 0;
+        while out.len() < n && got < bytes {
             let Some((k, seq)) = order.queue.pop_front() else {
                 break;
             };
-            if self.index.get(k).is_some_and(|s| s.seq == seq) {
+            if let Some(s) = self.index.get(k).filter(|s| s.seq == seq) {
+                got += s.slot.size() as u64;
                 out.push(k);
             }
         }
@@ -184,6 +206,14 @@ impl LocalBackend {
             if let Some(s) = self.index.get(k).filter(|s| s.seq != 0) {
                 order.queue.push_back((k, s.seq));
             }
+        }
+    }
+
+    /// Pages not compressed because their neighbours did not compress.
+    pub(crate) fn compress_counters(&self) -> Vec<(&'static str, u64)> {
+        match self.codec {
+            None => Vec::new(),
+            Some(_) => vec![("compress_skipped", self.skipped.load(Ordering::Relaxed))],
         }
     }
 
@@ -281,7 +311,7 @@ impl Backend for LocalBackend {
             return short;
         }
         for (i, &k) in keys.iter().enumerate() {
-            let v = match self.store(buf.page(i)) {
+            let v = match self.store(k, buf.page(i)) {
                 Ok(v) => v,
                 Err(e) => return Completion::ready(Err(e)),
             };
@@ -318,6 +348,10 @@ impl Backend for LocalBackend {
 
     fn stored_bytes(&self) -> u64 {
         self.slabs.slot_bytes()
+    }
+
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        self.compress_counters()
     }
 
     fn usage(&self) -> FarUsage {

@@ -7,6 +7,7 @@
 //! queues the same way).
 
 pub(crate) mod codec;
+pub(crate) mod compressibility;
 pub(crate) mod error;
 pub(crate) mod file;
 pub(crate) mod index;

@@ -131,13 +131,14 @@ impl Backend for TieredBackend {
     }
 
     fn demotion_candidates(&self, max: usize) -> Vec<PageKey> {
-        if self
+        // Only as many as bring the tier down to its mark: a small tier would otherwise be
+        // emptied by one round (a round's worth of pages can be most of it).
+        match self
             .dram
-            .fuller_than(DEMOTE_ABOVE_PERMILLE, DEMOTE_DOWN_TO_PERMILLE)
+            .excess_over(DEMOTE_ABOVE_PERMILLE, DEMOTE_DOWN_TO_PERMILLE)
         {
-            self.dram.oldest(max)
-        } else {
-            Vec::new()
+            Some(bytes) => self.dram.oldest(max, bytes),
+            None => Vec::new(),
         }
     }
 
@@ -168,10 +169,12 @@ impl Backend for TieredBackend {
     }
 
     fn counters(&self) -> Vec<(&'static str, u64)> {
-        vec![(
+        let mut c = vec![(
             "demoted_to_file",
             self.demoted.load(std::sync::atomic::Ordering::Relaxed),
-        )]
+        )];
+        c.extend(self.dram.compress_counters());
+        c
     }
 
     fn frees_on_forget(&self) -> bool {
