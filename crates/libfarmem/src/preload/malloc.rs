@@ -65,7 +65,7 @@ fn large_alloc(size: usize, align: usize) -> *mut c_void {
     let Some(s) = g.as_mut() else {
         return std::ptr::null_mut();
     };
-    match s.alloc(room, align.max(PAGE_SIZE)) {
+    match s.alloc_usable(room, align.max(PAGE_SIZE), len) {
         Some(a) => {
             s.large.insert(a, (len, room));
             a as *mut c_void
@@ -110,6 +110,9 @@ fn large_resize_in_place(p: usize, new_size: usize) -> bool {
             return false;
         };
         if new_len <= room {
+            if s.ensure_usable(p, new_len).is_err() {
+                return false;
+            }
             s.large.insert(p, (new_len, room));
             // Shrinking: the dropped tail must read as zeros when the block grows again.
             let tail = (new_len < len).then(|| (p + new_len, len - new_len));

@@ -180,8 +180,16 @@ impl Space {
     }
 
     /// Hand out `len` bytes (page multiple) aligned to `align` (a power of two, at least a
-    /// page) from the direct part.
+    /// page) from the direct part, all of it usable.
     pub fn alloc(&mut self, len: usize, align: usize) -> Option<usize> {
+        self.alloc_usable(len, align, len)
+    }
+
+    /// As [`Space::alloc`], with only the first `usable` bytes made usable: the rest is room
+    /// to grow into ([`Space::ensure_usable`] when it is used). Registering far memory
+    /// writes its page metadata (8 bytes a page), so a large block's room is not registered
+    /// until it is needed: sort's 1.36 GiB buffer got 4 GiB of room, 8 MiB of metadata.
+    pub fn alloc_usable(&mut self, len: usize, align: usize, usable: usize) -> Option<usize> {
         let mut fit = None;
         for &(fl, fs) in self.by_size.range((len, 0)..).take(64) {
             let a = align_up(fs, align);
@@ -191,6 +199,11 @@ impl Space {
             }
         }
         if let Some((fs, fl, a)) = fit {
+            // A free range may have been room that was never made usable.
+            if let Err(e) = self.ensure_usable(a, usable) {
+                tracing::error!("{e}");
+                return None;
+            }
             self.remove_free(fs, fl);
             self.insert_free(fs, a - fs);
             self.insert_free(a + len, fs + fl - (a + len));
@@ -200,7 +213,7 @@ impl Space {
         if a.checked_add(len)? > self.end {
             return None;
         }
-        if let Err(e) = self.ensure_usable(a, len) {
+        if let Err(e) = self.ensure_usable(a, usable) {
             tracing::error!("{e}");
             return None;
         }
@@ -248,6 +261,9 @@ impl Space {
             return false; // `from` is in use (free ranges never start inside another)
         }
         if fs + fl >= to {
+            if self.ensure_usable(from, to - from).is_err() {
+                return false;
+            }
             self.remove_free(fs, fl);
             self.insert_free(to, fs + fl - to);
             true
@@ -328,5 +344,31 @@ mod tests {
         assert_eq!(d % (16 * PAGE_SIZE), 0);
         s.release(c, 16 * PAGE_SIZE);
         assert!(s.top <= c);
+    }
+
+    /// A block's room beyond its usable part is made usable only when it is used: here, when
+    /// a freed range that was room is handed out again.
+    #[test]
+    fn room_is_made_usable_only_when_used() {
+        // A real reservation: chunks made usable here are mprotected (no runtime).
+        let len = 4 * CHUNK;
+        let base = mem::map_anon(len, libc::PROT_NONE).unwrap() as usize;
+        let mut s = space(base);
+        s.end = base + len;
+        s.registered = vec![0; 1];
+        let usable = |s: &Space| (0..4).filter(|c| s.registered[0] & (1 << c) != 0).count();
+        let a = s.alloc_usable(2 * CHUNK, PAGE_SIZE, CHUNK / 2).unwrap();
+        assert_eq!((a, usable(&s)), (base, 1), "only the block's own chunk");
+        let c = s.alloc(PAGE_SIZE, PAGE_SIZE).unwrap();
+        assert_eq!((c, usable(&s)), (base + 2 * CHUNK, 2));
+        s.release(a, 2 * CHUNK);
+        let b = s.alloc_usable(2 * CHUNK, PAGE_SIZE, 2 * CHUNK).unwrap();
+        assert_eq!(
+            (b, usable(&s)),
+            (base, 3),
+            "room handed out again is made usable"
+        );
+        // SAFETY: the reservation is this test's; nothing refers to it any more.
+        unsafe { mem::unmap(base as *mut u8, len) };
     }
 }
