@@ -59,6 +59,8 @@ struct fm_stats {
     uint64_t fetch_p50_ns, fetch_p99_ns, fetch_max_ns;
     uint64_t evict_p50_ns, evict_p99_ns, evict_max_ns;
     uint64_t far_pages, far_held_bytes, far_file_bytes;
+    uint64_t other_bytes; /* the process's other anonymous memory, within the budget under
+                             farmem run (FARMEM_BUDGET_SCOPE=process), else 0 */
 };
 
 /* Start the process-wide runtime from FARMEM_* environment variables (FARMEM_LOCAL_MEM,

@@ -407,3 +407,48 @@ fn static_arrays_are_far_memory_too() {
     assert!(peak < base + 3 * BUDGET, "{}", statics.describe());
     assert!(statics.stat("pages_evicted") > 0, "{}", statics.describe());
 }
+
+/// Under `farmem run` the budget covers the whole process, as a memory cgroup's limit does:
+/// 12 MiB of anonymous memory the runtime does not manage (mapped with the raw system call)
+/// leaves the far heap the rest of a 32 MiB budget, and is reported as the program's other
+/// memory; with `FARMEM_BUDGET_SCOPE=regions` the far heap has the whole budget. The data of
+/// both kinds is checked.
+#[test]
+fn the_budget_covers_memory_the_runtime_does_not_manage() {
+    let dir = Scratch::new("unmanaged");
+    let prog = compile("unmanaged", &dir);
+    const MIB: u64 = 1 << 20;
+    let run = |scope: &str| {
+        let r = farmem_run_with(
+            &dir,
+            &["--local-mem", "32M"],
+            &[("FARMEM_BUDGET_SCOPE", scope)],
+            &prog,
+            &["12", "64"],
+        );
+        r.assert_success();
+        r
+    };
+    let process = run("process");
+    let heap_peak = process.stat("peak_resident_pages") * 4096;
+    let other = process.stat("other_bytes");
+    assert!(
+        other >= 12 * MIB,
+        "the unmanaged 12 MiB are counted: other {} KiB\n{}",
+        other >> 10,
+        process.describe()
+    );
+    assert!(
+        heap_peak <= 32 * MIB - 12 * MIB + 2 * MIB,
+        "the far heap keeps to the budget less the other memory: peak {} KiB\n{}",
+        heap_peak >> 10,
+        process.describe()
+    );
+    let regions = run("regions");
+    assert_eq!(regions.stat("other_bytes"), 0);
+    assert!(
+        regions.stat("peak_resident_pages") * 4096 > 28 * MIB,
+        "with the budget on the regions alone, the far heap fills it\n{}",
+        regions.describe()
+    );
+}

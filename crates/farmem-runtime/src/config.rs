@@ -104,6 +104,35 @@ pub struct Config {
     pub watchdog_abort: bool,
     /// Print statistics at exit (`FARMEM_STATS=1`).
     pub stats_at_exit: bool,
+    /// What the local budget covers (`FARMEM_BUDGET_SCOPE`: `regions`, the default, or
+    /// `process`, which `farmem run` uses). See [`BudgetScope`].
+    pub budget_scope: BudgetScope,
+}
+
+/// What the local budget covers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BudgetScope {
+    /// The resident pages of far-memory regions only (a library that manages some of a
+    /// program's data).
+    #[default]
+    Regions,
+    /// The whole process's anonymous memory, as a memory cgroup's limit counts it: the
+    /// regions get the budget less the rest (the runtime, stacks, memory the runtime does not
+    /// manage), measured while the program runs. The far tiers' own memory is not counted,
+    /// as zram's is not charged to a cgroup.
+    Process,
+}
+
+impl BudgetScope {
+    pub fn parse(s: &str) -> Result<BudgetScope> {
+        match s.trim() {
+            "regions" => Ok(BudgetScope::Regions),
+            "process" => Ok(BudgetScope::Process),
+            other => Err(Error::Config(format!(
+                "FARMEM_BUDGET_SCOPE={other}: expected regions or process"
+            ))),
+        }
+    }
 }
 
 /// Which far copies of a local page the far tier keeps once the page is fetched back.
@@ -160,6 +189,7 @@ impl Default for Config {
             watchdog_s: 20.0,
             watchdog_abort: false,
             stats_at_exit: false,
+            budget_scope: BudgetScope::Regions,
         }
     }
 }
@@ -210,6 +240,9 @@ impl Config {
         }
         if let Some(v) = env("FARMEM_FORK_LOCAL_MEM") {
             c.fork_local_mem = Some(parse_budget(&v)?);
+        }
+        if let Some(v) = env("FARMEM_BUDGET_SCOPE") {
+            c.budget_scope = BudgetScope::parse(&v)?;
         }
         if let Some(v) = env("FARMEM_FAR_COPIES") {
             c.far_copies = Some(FarCopies::parse(&v)?);

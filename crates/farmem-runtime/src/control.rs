@@ -20,7 +20,7 @@ use crate::fault::FaultServer;
 use crate::fetch::readahead;
 use crate::reclaim;
 use crate::state::State;
-use crate::{demotion, gate};
+use crate::{demotion, gate, process_budget};
 
 /// The control thread's loop.
 pub(crate) fn run(st: Arc<State>) {
@@ -44,6 +44,7 @@ pub(crate) fn run(st: Arc<State>) {
 fn round(st: &Arc<State>, stealer: &mut FaultServer, steal_after: u64) -> bool {
     let _pass = gate::enter();
     readahead::sweep(st, Duration::from_millis(50));
+    process_budget::refresh(st);
     // The fetch paths' queued bookkeeping, in one batch.
     drop(st.policy());
     let busy = st.fault_busy_since.load(Ordering::Acquire);

@@ -200,7 +200,7 @@ fn take_over(st: &Arc<State>) {
             local_mem: bytes,
             ..st.cfg.clone()
         };
-        st.budget.store(cfg.budget_pages(), Ordering::Relaxed);
+        crate::process_budget::set_asked(st, cfg.budget_pages());
         st.free_target
             .store(cfg.free_target_pages(), Ordering::Relaxed);
         st.over_budget_once.store(true, Ordering::Relaxed);

@@ -45,6 +45,7 @@ mod gate;
 mod page;
 mod policy;
 mod predict;
+mod process_budget;
 mod reclaim;
 mod region;
 mod regions;
@@ -58,7 +59,7 @@ mod workingset;
 pub use backend::{
     check_far_dir, compressed_max, default_far_dir, far_file_max, BackendSpec, TcpSpec,
 };
-pub use config::{Config, FarCopies, PolicyKind};
+pub use config::{BudgetScope, Config, FarCopies, PolicyKind};
 pub use error::{Error, Result};
 pub use farmem_sys::mem::PAGE_SIZE;
 pub use hint::{hint, hint_ex, hint_slow, hint_write, FM_SEQ, FM_WRITE};

@@ -21,7 +21,7 @@ use crate::scope::RuntimeScope;
 use crate::state::State;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::workingset::WorkingSet;
-use crate::{discard, fork, policy, reclaim, region, registry, workers};
+use crate::{discard, fork, policy, process_budget, reclaim, region, registry, workers};
 
 fn refuse_in_child() -> Result<()> {
     if registry::in_child() {
@@ -113,6 +113,9 @@ impl Runtime {
             threads: Mutex::new(Vec::new()),
             fault_thread_up: AtomicBool::new(false),
             budget: AtomicUsize::new(cfg.budget_pages()),
+            asked_budget: AtomicUsize::new(cfg.budget_pages()),
+            other_pages: AtomicUsize::new(0),
+            budget_checked_ns: AtomicU64::new(0),
             free_target: AtomicUsize::new(cfg.free_target_pages()),
             backend,
             policy: Mutex::new(policy::build(cfg.policy)),
@@ -243,7 +246,9 @@ impl Runtime {
         let pages = cfg.budget_pages();
         st.free_target
             .store(cfg.free_target_pages(), Ordering::Relaxed);
-        st.budget.store(pages, Ordering::Release);
+        process_budget::set_asked(st, pages);
+        // The regions' share of it (all of it unless the budget covers the whole process).
+        let pages = st.budget();
         tracing::info!(budget_pages = pages, "local budget changed");
         if st.resident.load(Ordering::Acquire) <= pages {
             return Ok(());

@@ -35,6 +35,13 @@ pub(crate) struct State {
     /// [`State::free_target`]).
     pub budget: AtomicUsize,
     pub free_target: AtomicUsize,
+    /// The budget asked for, in pages; `budget` is its share left to the regions
+    /// (`process_budget.rs`): all of it unless the budget covers the whole process.
+    pub asked_budget: AtomicUsize,
+    /// The process's other anonymous memory counted in the budget, in pages, and when it
+    /// was last measured (`now_ns`).
+    pub other_pages: AtomicUsize,
+    pub budget_checked_ns: AtomicU64,
     /// Pages installed plus pages reserved by in-flight fetches.
     pub resident: AtomicUsize,
     pub stats: Stats,
@@ -150,7 +157,8 @@ impl State {
         // Latencies still queued belong in the histogram.
         drop(self.policy());
         let mut s = self.stats.snapshot();
-        s.budget_bytes = (self.budget() * PAGE_SIZE) as u64;
+        s.budget_bytes = (self.asked_budget.load(Ordering::Relaxed) * PAGE_SIZE) as u64;
+        s.other_bytes = (self.other_pages.load(Ordering::Relaxed) * PAGE_SIZE) as u64;
         s.resident_pages = self.resident.load(Ordering::Relaxed) as u64;
         let far = self.backend.usage();
         s.backend_bytes = far.stored_bytes;

@@ -45,6 +45,9 @@ macro_rules! counters {
             pub far_held_bytes: u64,
             /// Bytes of them in a file on disk.
             pub far_file_bytes: u64,
+            /// The process's anonymous memory outside far memory and the far tiers, counted
+            /// within the budget ([`crate::BudgetScope::Process`]; else 0).
+            pub other_bytes: u64,
         }
 
         impl Counters {
@@ -198,6 +201,7 @@ impl StatsSnapshot {
             ("far_pages", self.far_pages),
             ("far_held_bytes", self.far_held_bytes),
             ("far_file_bytes", self.far_file_bytes),
+            ("other_bytes", self.other_bytes),
         ]);
         v
     }
@@ -266,6 +270,13 @@ impl fmt::Display for StatsSnapshot {
             mib(self.resident_pages * 4096),
             mib(self.peak_resident_pages * 4096)
         )?;
+        if self.other_bytes > 0 {
+            writeln!(
+                f,
+                "  of the budget, the process's other memory {:.1} MiB",
+                mib(self.other_bytes)
+            )?;
+        }
         writeln!(
             f,
             "  backend holds       {:>12.1} MiB   read-ahead windows in flight {}",

@@ -41,9 +41,13 @@ pub struct Args {
 /// How the program runs under farmem (shared with `farmem trace`).
 #[derive(clap::Args, Debug)]
 pub struct Options {
-    /// Local memory for the program's heap: a size (512M, 2G) or a percentage of the
-    /// program's peak memory (25%), which needs --peak or --measure-peak. Default: half of
-    /// this machine's memory.
+    /// Local memory for the program: a size (512M, 2G) or a percentage of the program's
+    /// peak memory (25%), which needs --peak or --measure-peak. Default: half of this
+    /// machine's memory. Like a memory cgroup's limit, it covers all of the program's
+    /// anonymous memory: its heap gets what the rest (stacks, the runtime, memory farmem does
+    /// not manage) leaves, but never less than half (FARMEM_BUDGET_SCOPE=regions: the heap
+    /// gets all of it). The far tiers' memory (compressed pages) is not counted, as zram's is
+    /// not charged to a cgroup: --stats shows it.
     #[arg(long, value_name = "SIZE|PCT%")]
     local_mem: Option<String>,
     /// Local memory of each child the program makes with fork() without exec (it keeps its

@@ -134,6 +134,14 @@ impl Report {
             mib(pages("peak_resident_pages") * 4096),
             mib(self.peak_rss)
         );
+        if stat(m, "other_bytes") > 0 {
+            let _ = writeln!(
+                o,
+                "  of the budget, the program's other memory at the end {:.1} MiB (stacks, the \
+                 runtime, memory it does not manage)",
+                mib(stat(m, "other_bytes"))
+            );
+        }
         let far = pages("far_pages");
         if far > 0 {
             let (stored, held) = (pages("backend_bytes"), pages("far_held_bytes"));

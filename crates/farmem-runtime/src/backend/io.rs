@@ -250,6 +250,12 @@ pub trait Backend: Send + Sync {
     /// Bytes the backend uses to hold the pages (after compression, if any).
     fn stored_bytes(&self) -> u64;
 
+    /// Bytes of this process's own memory that hold far pages (an in-process tier's blocks
+    /// and index); 0 where they are elsewhere (a memory server).
+    fn memory_in_process(&self) -> u64 {
+        0
+    }
+
     /// What the far tier holds for this runtime, and what that costs in memory.
     fn usage(&self) -> FarUsage {
         FarUsage {

@@ -135,6 +135,10 @@ fn start() {
     };
     let _ = OPTIONS.set(Options { prefault_max });
     let mut cfg = Config::from_env().unwrap_or_else(|e| die(&e.to_string()));
+    // A program's budget is its memory, as a cgroup's limit is (process_budget.rs).
+    if std::env::var_os("FARMEM_BUDGET_SCOPE").is_none() {
+        cfg.budget_scope = farmem_runtime::BudgetScope::Process;
+    }
     // The report at exit is written here (report.rs), not by the runtime.
     let stats_at_exit = std::mem::replace(&mut cfg.stats_at_exit, false);
     let rt = Runtime::new(cfg).unwrap_or_else(|e| die(&e.to_string()));

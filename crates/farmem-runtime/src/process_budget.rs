@@ -1,0 +1,82 @@
+//! The budget of a whole process ([`BudgetScope::Process`], what `farmem run` uses).
+//!
+//! A memory cgroup's limit counts every anonymous page of a program: its data, and also the
+//! runtime's own memory, thread stacks, glibc's arenas of the runtime threads and mappings
+//! made before the runtime started. A budget compared with such a limit has to count them
+//! too, or the comparison flatters farmem: python3 building 256 MiB of objects at a 128 MiB
+//! budget peaked at 128 MiB of far heap plus 10 MiB of other anonymous memory.
+//!
+//! So the regions get the asked budget less that other memory, measured from
+//! `/proc/self/statm` by the control thread every [`EVERY_NS`] and at each budget change.
+//! They never get less than half the asked budget: a program whose unmanaged memory is most
+//! of its budget still runs, and `other_bytes` says why it uses more. The far tiers' own
+//! memory is not counted, as zram's is not charged to a cgroup: that is the comparison.
+
+use std::sync::atomic::Ordering;
+
+use farmem_sys::mem::PAGE_SIZE;
+
+use crate::config::BudgetScope;
+use crate::state::State;
+
+/// How often the control thread measures the process's other memory.
+const EVERY_NS: u64 = 100_000_000;
+
+/// Anonymous resident pages of this process (resident less file-backed and shared).
+fn anon_resident_pages() -> Option<usize> {
+    let s = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let mut f = s.split_whitespace().skip(1);
+    let resident: usize = f.next()?.parse().ok()?;
+    let shared: usize = f.next()?.parse().ok()?;
+    Some(resident.saturating_sub(shared))
+}
+
+/// Set the budget the program asked for (pages), and the regions' share of it now.
+pub(crate) fn set_asked(st: &State, pages: usize) {
+    st.asked_budget.store(pages, Ordering::Relaxed);
+    apply(st);
+}
+
+/// From the control thread: measure again if it is time.
+pub(crate) fn refresh(st: &State) {
+    if st.cfg.budget_scope != BudgetScope::Process {
+        return;
+    }
+    let now = st.now_ns();
+    if now.saturating_sub(st.budget_checked_ns.load(Ordering::Relaxed)) < EVERY_NS {
+        return;
+    }
+    st.budget_checked_ns.store(now, Ordering::Relaxed);
+    apply(st);
+}
+
+/// The regions' budget from the asked one and the other memory measured now.
+fn apply(st: &State) {
+    let asked = st.asked_budget.load(Ordering::Relaxed);
+    let other = match st.cfg.budget_scope {
+        BudgetScope::Regions => 0,
+        BudgetScope::Process => match anon_resident_pages() {
+            Some(anon) => {
+                let far_tiers = st.backend.memory_in_process() as usize / PAGE_SIZE;
+                anon.saturating_sub(st.resident.load(Ordering::Relaxed) + far_tiers)
+            }
+            None => st.other_pages.load(Ordering::Relaxed),
+        },
+    };
+    st.other_pages.store(other, Ordering::Relaxed);
+    let want = asked
+        .saturating_sub(other)
+        .max(asked / 2)
+        .max(crate::config::MIN_BUDGET_PAGES.min(asked));
+    // Small changes are left alone: each one moves the eviction goal.
+    let cur = st.budget();
+    if want.abs_diff(cur) <= (asked / 128).max(16) && want != asked {
+        return;
+    }
+    st.budget.store(want, Ordering::Release);
+    if st.resident.load(Ordering::Relaxed) > want {
+        // Over the smaller budget: evict ahead from now on, as at a shrink.
+        st.over_budget_once.store(true, Ordering::Relaxed);
+        st.kick_control();
+    }
+}
