@@ -22,9 +22,25 @@ pub struct PageBuf {
 // a Vec<u8>.
 unsafe impl Send for PageBuf {}
 
+/// Buffers of at least this many pages are mapped directly and kept in [`POOL`] when freed,
+/// rather than taken from the C library's heap: glibc raises its mmap threshold after the
+/// first such free, then keeps freed buffers in the arenas of the runtime threads, which
+/// held 4 MiB more than needed at a sort run's end (memory the budget now counts:
+/// `process_budget.rs`).
+const MAPPED_PAGES: usize = 16;
+/// Most bytes of freed mapped buffers kept for reuse (each reuse spares the kernel's page
+/// faults on a fresh mapping).
+const POOL_BYTES: usize = 1 << 20;
+
+/// Freed mapped buffers: (address, pages).
+static POOL: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+
 impl PageBuf {
     pub fn new(cap_pages: usize) -> PageBuf {
         let cap_pages = cap_pages.max(1);
+        if cap_pages >= MAPPED_PAGES {
+            return Self::mapped(cap_pages);
+        }
         let layout =
             Layout::from_size_align(cap_pages * PAGE_SIZE, PAGE_SIZE).expect("page buffer layout");
         // SAFETY: layout has non-zero size.
@@ -32,6 +48,39 @@ impl PageBuf {
         if ptr.is_null() {
             alloc::handle_alloc_error(layout);
         }
+        PageBuf {
+            ptr,
+            cap_pages,
+            len_pages: 0,
+        }
+    }
+
+    /// A mapped buffer of at least `want` pages: a pooled one no more than twice as large,
+    /// else a new mapping.
+    fn mapped(want: usize) -> PageBuf {
+        let reused = {
+            let mut pool = POOL.lock();
+            let best = pool
+                .iter()
+                .enumerate()
+                .filter(|(_, &(_, cap))| cap >= want && cap <= 2 * want)
+                .min_by_key(|(_, &(_, cap))| cap)
+                .map(|(i, _)| i);
+            best.map(|i| pool.swap_remove(i))
+        };
+        let (ptr, cap_pages) = match reused {
+            Some((p, cap)) => (p as *mut u8, cap),
+            None => match farmem_sys::mem::map_anon(
+                want * PAGE_SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+            ) {
+                Ok(p) => (p, want),
+                Err(_) => alloc::handle_alloc_error(
+                    Layout::from_size_align(want * PAGE_SIZE, PAGE_SIZE)
+                        .expect("page buffer layout"),
+                ),
+            },
+        };
         PageBuf {
             ptr,
             cap_pages,
@@ -82,6 +131,18 @@ impl PageBuf {
 
 impl Drop for PageBuf {
     fn drop(&mut self) {
+        if self.cap_pages >= MAPPED_PAGES {
+            let mut pool = POOL.lock();
+            let held: usize = pool.iter().map(|&(_, cap)| cap * PAGE_SIZE).sum();
+            if held + self.cap_pages * PAGE_SIZE <= POOL_BYTES {
+                pool.push((self.ptr as usize, self.cap_pages));
+                return;
+            }
+            drop(pool);
+            // SAFETY: mapped in `mapped` with this length, and no longer referenced.
+            unsafe { farmem_sys::mem::unmap(self.ptr, self.cap_pages * PAGE_SIZE) };
+            return;
+        }
         let layout = Layout::from_size_align(self.cap_pages * PAGE_SIZE, PAGE_SIZE)
             .expect("page buffer layout");
         // SAFETY: allocated in `new` with this very layout.
@@ -328,6 +389,24 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    /// Large buffers hold their whole length, and the pool of freed ones stays within its
+    /// bound however many are freed at once.
+    #[test]
+    fn mapped_buffers_are_whole_and_their_pool_is_bounded() {
+        let mut bufs: Vec<PageBuf> = (0..64).map(|i| PageBuf::new(16 + i)).collect();
+        for (i, b) in bufs.iter_mut().enumerate() {
+            assert!(b.capacity() >= 16 + i);
+            b.set_len(b.capacity());
+            b.bytes_mut().fill(i as u8);
+        }
+        for (i, b) in bufs.iter().enumerate() {
+            assert!(b.bytes().iter().all(|&x| x == i as u8));
+        }
+        drop(bufs);
+        let held: usize = POOL.lock().iter().map(|&(_, cap)| cap * PAGE_SIZE).sum();
+        assert!(held <= POOL_BYTES, "{held} bytes pooled");
+    }
 
     /// The thread that should deliver an answer is stuck (here: holds the completer and
     /// never completes it): the wait ends in an error naming the cause, not in a hang.
