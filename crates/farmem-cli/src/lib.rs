@@ -16,7 +16,8 @@ use clap::{Parser, Subcommand};
     version,
     about = "Far memory for Linux programs: keep part of a program's memory local, the rest far",
     long_about = "farmem keeps only part of a program's memory in local DRAM and the rest in far \
-                  memory (the embedded in-process backend by default), fetching pages on access \
+                  memory (by default, for `farmem run`, LZ4-compressed in memory, then a file \
+                  on disk; or a memory server), fetching pages on access \
                   or, faster, before the access when the program hints it."
 )]
 pub struct Cli {
