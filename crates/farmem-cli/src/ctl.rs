@@ -71,9 +71,19 @@ fn mib(s: &serde_json::Value, k: &str, unit: u64) -> f64 {
 }
 
 fn watch(pid: u32, every: Duration) -> Result<()> {
+    // "other": the program's memory outside far memory that its budget covers (under
+    // `farmem run`; the far heap gets the rest).
     println!(
-        "{:>9} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>8}",
-        "time s", "budget MiB", "local MiB", "far MiB", "held MiB", "faults/s", "fetch/s", "pf acc"
+        "{:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>8}",
+        "time s",
+        "budget MiB",
+        "local MiB",
+        "other MiB",
+        "far MiB",
+        "held MiB",
+        "faults/s",
+        "fetch/s",
+        "pf acc"
     );
     let t0 = Instant::now();
     let mut last: Option<(Instant, serde_json::Value)> = None;
@@ -101,10 +111,11 @@ fn watch(pid: u32, every: Duration) -> Result<()> {
             "-".into()
         };
         println!(
-            "{:>9.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>9.0} {:>9.0} {:>8}",
+            "{:>9.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>9.0} {:>9.0} {:>8}",
             t0.elapsed().as_secs_f64(),
             mib(&s, "budget_bytes", 1),
             mib(&s, "resident_pages", 4096),
+            mib(&s, "other_bytes", 1),
             mib(&s, "far_pages", 4096),
             mib(&s, "far_held_bytes", 1),
             rate("unhinted_faults"),

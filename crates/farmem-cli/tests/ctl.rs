@@ -99,3 +99,58 @@ fn a_process_not_under_farmem_is_named_in_the_error() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("no farmem control socket"), "{err}");
 }
+
+/// `farmem ctl PID --watch SECS` prints a line per interval until the program ends: the
+/// budget asked, the far heap's resident memory within what the program's other memory
+/// leaves of it (the budget covers the whole program under `farmem run`), and that other
+/// memory.
+#[test]
+fn watching_a_program_shows_its_budget_local_and_other_memory() {
+    let scratch = Scratch::new("ctl-watch");
+    let hold = compile("hold", &scratch);
+    let (run, pid) = start_until_filled(
+        Command::new(farmem_bin())
+            .args(["run", "--local-mem", "24M", "--"])
+            .arg(&hold)
+            .arg("48")
+            .stderr(Stdio::piped()),
+    );
+    let watch = Command::new(farmem_bin())
+        .args(["ctl", &pid.to_string(), "--watch", "0.2"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    // The program ends; the watch ends with it.
+    // SAFETY: plain kill(2) of the program we started.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let out = run.wait_with_output().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("BAD"),
+        "the program found its data wrong"
+    );
+    let out = watch.wait_with_output().unwrap();
+    assert!(out.status.success(), "the watch ends when the program does");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert!(header.windows(2).any(|w| w == ["other", "MiB"]), "{text}");
+    let rows: Vec<Vec<f64>> = lines
+        .map(|l| {
+            l.split_whitespace()
+                .take(6)
+                .map(|v| v.parse().unwrap())
+                .collect()
+        })
+        .collect();
+    assert!(rows.len() >= 3, "a line per 0.2 s: {text}");
+    let last = rows.last().unwrap();
+    let (budget, local, other, far) = (last[1], last[2], last[3], last[4]);
+    assert_eq!(budget, 24.0, "{text}");
+    assert!(other > 0.0, "the program's other memory is counted: {text}");
+    assert!(
+        local <= budget - other + 1.0,
+        "the far heap keeps to what the other memory leaves: {text}"
+    );
+    assert!(far > 0.0, "most of 48 MiB is far: {text}");
+}
