@@ -58,6 +58,8 @@ fn round(st: &Arc<State>, stealer: &mut FaultServer, steal_after: u64) -> bool {
     if st.wants_free_pages() {
         let goal = (st.free_target() + st.cfg.evict_batch).min(st.budget());
         while st.free_pages() < goal && !st.shutdown.load(Ordering::Acquire) {
+            // Under steady pressure a round lasts: the budget follows the other memory.
+            process_budget::refresh(st);
             if reclaim::evict_batch(st, st.cfg.evict_batch) == 0 {
                 std::thread::yield_now();
                 break;

@@ -17,7 +17,7 @@ int main(int argc, char **argv) {
                               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (u == MAP_FAILED) return 2;
     memset(u, 0x5a, un);
-    usleep(400 * 1000); /* the runtime measures the process's memory every 100 ms */
+    usleep(400 * 1000); /* the runtime measures the process's memory every 10 ms */
     size_t n = heap / 8;
     uint64_t *a = malloc(heap);
     if (!a) return 2;
