@@ -22,13 +22,14 @@ use crate::state::State;
 /// How often the control thread measures the process's other memory (a read of
 /// `/proc/self/statm` and of the far tiers' counts, ~10 µs). Often enough that a program
 /// filling its memory in its first tens of milliseconds (static arrays touched at start) is
-/// held to the budget from then on: at 100 ms, one peaked 3 MiB over its heap twin. The
-/// estimate rises at once and falls slowly ([`FALL_SHIFT`]): the runtime's buffers come and
-/// go with each eviction, and a budget that followed them up and down let the far heap
-/// regrow into room the next eviction's buffers took again (python3 at 65 MiB peaked at
-/// 91.8 MiB against 87.5 with 100 ms measurements).
-const FALL_SHIFT: u32 = 4;
+/// held to the budget from then on: at 100 ms, one peaked 3 MiB over its heap twin.
 const EVERY_NS: u64 = 10_000_000;
+/// The estimate rises at once and falls by 1/2^FALL_SHIFT of the difference per
+/// measurement: the runtime's buffers come and go with each eviction, and a budget that
+/// followed them up and down let the far heap regrow into room the next eviction's buffers
+/// took again (python3 at 65 MiB peaked at 91.8 MiB, against 87.5 MiB measuring every 100
+/// ms).
+const FALL_SHIFT: u32 = 4;
 
 /// Anonymous resident pages of this process (resident less file-backed and shared).
 fn anon_resident_pages() -> Option<usize> {

@@ -534,10 +534,6 @@ impl Backend for FileBackend {
         self.pages() * PAGE_SIZE as u64
     }
 
-    fn memory_in_process(&self) -> u64 {
-        self.usage().held_bytes
-    }
-
     fn usage(&self) -> FarUsage {
         let pages = self.pages();
         FarUsage {

@@ -311,10 +311,11 @@ pub trait Backend: Send + Sync {
     /// Bytes the backend uses to hold the pages (after compression, if any).
     fn stored_bytes(&self) -> u64;
 
-    /// Bytes of this process's own memory that hold far pages (an in-process tier's blocks
-    /// and index); 0 where they are elsewhere (a memory server).
+    /// Bytes of this process's own memory that hold far pages: what [`Backend::usage`] says
+    /// is held, for the in-process tiers (blocks and index). A backend whose pages are held
+    /// elsewhere (a memory server) returns 0.
     fn memory_in_process(&self) -> u64 {
-        0
+        self.usage().held_bytes
     }
 
     /// What the far tier holds for this runtime, and what that costs in memory.

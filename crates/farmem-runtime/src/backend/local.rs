@@ -354,10 +354,6 @@ impl Backend for LocalBackend {
         self.compress_counters()
     }
 
-    fn memory_in_process(&self) -> u64 {
-        self.usage().held_bytes
-    }
-
     fn usage(&self) -> FarUsage {
         let pages = self.index.len() as u64;
         FarUsage {

@@ -190,10 +190,6 @@ impl Backend for TieredBackend {
         self.dram.stored_bytes() + self.file.stored_bytes()
     }
 
-    fn memory_in_process(&self) -> u64 {
-        self.usage().held_bytes
-    }
-
     fn usage(&self) -> FarUsage {
         let (d, f) = (self.dram.usage(), self.file.usage());
         FarUsage {

@@ -234,6 +234,11 @@ impl TcpBackend {
 }
 
 impl Backend for TcpBackend {
+    fn memory_in_process(&self) -> u64 {
+        // The pages are on the server; its share is not this process's memory.
+        0
+    }
+
     fn describe(&self) -> String {
         self.sh.spec.url()
     }
