@@ -374,7 +374,7 @@ fn verify(st: &State, victims: &mut [Victim]) {
         // unchanged until we unmap it, so reading 4 KiB from it is sound.
         let page =
             unsafe { std::slice::from_raw_parts((v.vpn * PAGE_SIZE) as *const u8, PAGE_SIZE) };
-        if v.old.has_far_copy() || v.old.ever_written() {
+        if st.keeps_digests() && (v.old.has_far_copy() || v.old.ever_written()) {
             v.digest = digest::of(page);
         }
         let same = v.digest != 0 && v.digest == digest::stored(v.vpn);
@@ -415,7 +415,7 @@ fn write_back(st: &State, dirty: &[&Victim]) -> Result<(), BackendError> {
         let src = unsafe { std::slice::from_raw_parts(addr as *const u8, PAGE_SIZE) };
         buf.page_mut(i).copy_from_slice(src);
     }
-    let digests: Vec<u128> = if st.cfg.writable_install {
+    let digests: Vec<u128> = if st.keeps_digests() {
         dirty
             .iter()
             .enumerate()

@@ -96,6 +96,13 @@ pub(crate) struct State {
 }
 
 impl State {
+    /// Are page digests worth taking at eviction? They tell an unverified page that equals
+    /// its far copy; where fetched pages lose their far copy (`FarCopies::Drop`) every
+    /// evicted page is written back, and only the all-zeros check is of use.
+    pub(crate) fn keeps_digests(&self) -> bool {
+        self.cfg.writable_install && self.far_copies != FarCopies::Drop
+    }
+
     pub fn now_ns(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64 + 1
     }

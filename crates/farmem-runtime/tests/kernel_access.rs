@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
 use farmem_runtime::testing::*;
-use farmem_runtime::{Region, Runtime, PAGE_SIZE};
+use farmem_runtime::{Config, FarCopies, Region, Runtime, PAGE_SIZE};
 
 const SALT: u64 = 0x4B45_524E;
 
@@ -19,7 +19,25 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
-    let rt = runtime(2 << 20, 16, 16); // 512 pages
+    fixture_with(runtime(2 << 20, 16, 16)) // 512 pages
+}
+
+/// A runtime whose far copies are kept (as over TCP): only then are pages fetched for
+/// reading installed write-protected, and the kernel's writes into them trap.
+fn fixture_keeping_far_copies() -> Fixture {
+    fixture_with(
+        Runtime::new(Config {
+            local_mem: 2 << 20,
+            evict_batch: 16,
+            fault_readahead: 16,
+            far_copies: Some(FarCopies::Keep),
+            ..Config::default()
+        })
+        .expect("starting a farmem runtime (needs userfaultfd)"),
+    )
+}
+
+fn fixture_with(rt: Runtime) -> Fixture {
     let r = rt.create_region(8 << 20).unwrap();
     let pressure = Pressure::new(&rt, 2048);
     Fixture { rt, r, pressure }
@@ -190,7 +208,7 @@ fn pipe_read_into_evicted_pages() {
 
 #[test]
 fn pipe_read_into_write_protected_pages() {
-    let mut f = fixture();
+    let mut f = fixture_keeping_far_copies();
     let (off, len) = (200 * PAGE_SIZE + 4000, 20 * PAGE_SIZE);
     f.prepare_write_protected(off, len);
     let wp = f.rt.stats().wp_faults;
