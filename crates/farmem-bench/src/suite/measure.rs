@@ -64,9 +64,10 @@ pub struct Runner<'a> {
     pub timeout: Duration,
 }
 
-/// Memory the program needs besides its data (binary, libraries, stacks, page tables): added
-/// to the cgroup limit so the data gets the same local share as under farmem, whose budget
-/// covers the far heap only.
+/// Memory the program needs besides its data (binary, libraries, stacks, page tables, and
+/// under farmem the runtime's own): added to the local share of the data to make the limit
+/// both sides get, the cgroup's for Linux and `--local-mem` for farmem (whose budget, like the
+/// cgroup's limit, covers all of the program's anonymous memory).
 pub const PROCESS_ALLOWANCE: u64 = 8 << 20;
 
 /// One run to make.
@@ -144,7 +145,7 @@ impl Runner<'_> {
         let mut cmd = Command::new(&self.farmem);
         cmd.arg("run")
             .arg("--local-mem")
-            .arg(job.local.to_string())
+            .arg((job.local + PROCESS_ALLOWANCE).to_string())
             .arg("--stats-json")
             .arg(&stats_file);
         if job.mode == Mode::FarmemLz4 {
@@ -191,6 +192,7 @@ impl Runner<'_> {
             "far_heap_peak_bytes": stats["stats"]["peak_resident_pages"].as_u64().map(|p| p * farmem_runtime::PAGE_SIZE as u64),
             "fetch_p50_ns": stats["stats"]["fetch_p50_ns"],
             "local_mem_bytes": job.local,
+            "limit_bytes": job.local + PROCESS_ALLOWANCE,
         });
         // A server's share is memory this run used too; an embedded backend's far pages are
         // in the process's resident set already.

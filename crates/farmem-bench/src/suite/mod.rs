@@ -31,9 +31,10 @@ use workload::{Programs, Workload};
 #[command(after_help = "\
 Needs root (userfaultfd, swapon, cgroups) and cc; memcached needs Debian's memcached.
 Local memory is a percentage of each workload's native peak resident set, measured by its
-first native run. farmem gets it as its local budget (--local-mem); Linux swap gets it as the
-memory limit of the cgroup, plus 8 MiB for the program's own code and stacks (farmem's budget
-covers only the far heap). The swap device (zram, or a swap file) is made for each run and
+first native run. Both sides get it plus 8 MiB (the program's own code and stacks, and the
+runtime's memory under farmem) as their limit: Linux swap as the memory limit of the cgroup,
+farmem as its local budget (--local-mem, which covers all of the program's anonymous memory
+as the cgroup's limit does). The swap device (zram, or a swap file) is made for each run and
 removed after it, and on Ctrl-C or SIGTERM.
 
 Output in --out: runs.csv (every run, written as it ends), summary.csv and results.json
