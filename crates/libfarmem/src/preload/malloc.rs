@@ -1,9 +1,10 @@
 //! The `malloc` family of the transparent mode.
 //!
-//! Who owns a pointer is decided by its address alone: mimalloc's arena, the direct part of
-//! the reservation (blocks of [`LARGE`] bytes or more, page-granular), or anything else,
-//! which glibc handed out (before the runtime was ready, or in a process where the
-//! transparent mode is off) and goes back to glibc.
+//! Who owns a pointer is decided by its address alone: mimalloc's arena, the fine slabs
+//! (blocks over 512 bytes and up to 32 KiB, in sixteen size classes per doubling against
+//! mimalloc's four: `fine.rs`), the direct part of the reservation (blocks of [`LARGE`] bytes
+//! or more, page-granular), or anything else, which glibc handed out (before the runtime was
+//! ready, or in a process where the transparent mode is off) and goes back to glibc.
 //!
 //! Large blocks get twice their size (rounded to a power of two) of *address space*, so
 //! that `realloc` can usually grow them in place: the room beyond the block is never
@@ -13,9 +14,9 @@
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::AtomicUsize;
 
-use super::mi;
 use super::vspace::{self, Part};
 use super::{active, in_allocator, set_errno, OPTIONS};
+use super::{fine, mi};
 use farmem_sys::mem::PAGE_SIZE;
 
 /// Blocks at least this large are served page-granular from the direct part.
@@ -143,6 +144,8 @@ fn mi_alloc(f: impl Fn() -> *mut c_void) -> *mut c_void {
 fn far_alloc(size: usize, align: usize) -> *mut c_void {
     let p = if size >= LARGE || align > MI_MAX_ALIGN {
         large_alloc(size, align)
+    } else if let Some(p) = fine_alloc(size, align) {
+        p
     } else if align <= 16 {
         // SAFETY: plain call into mimalloc.
         mi_alloc(|| unsafe { mi::mi_malloc(size) })
@@ -158,8 +161,18 @@ fn far_alloc(size: usize, align: usize) -> *mut c_void {
     p
 }
 
+/// A mid-size block from the fine classes, if `size` is theirs and they have room.
+fn fine_alloc(size: usize, align: usize) -> Option<*mut c_void> {
+    if align > 16 || size <= fine::MIN || size > fine::MAX {
+        return None;
+    }
+    let p = in_allocator(|| fine::alloc(size));
+    (!p.is_null()).then_some(p as *mut c_void)
+}
+
 fn usable_size(p: *mut c_void) -> usize {
     match vspace::part_of(p as usize) {
+        Part::Fine => fine::usable_size(p as usize),
         // SAFETY: `p` is a block of mimalloc's arena.
         Part::Mimalloc => in_allocator(|| unsafe { mi::mi_usable_size(p) }),
         Part::Direct => large_len(p as usize).unwrap_or(0),
@@ -199,6 +212,12 @@ pub extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
         // Large blocks come from discarded or never-used ranges: already zero.
         return far_alloc(total, 16);
     }
+    if let Some(p) = fine_alloc(total, 16) {
+        // SAFETY: a fresh block of at least `total` bytes (it may be a reused one).
+        unsafe { std::ptr::write_bytes(p as *mut u8, 0, total) };
+        prefault(p, total);
+        return p;
+    }
     // SAFETY: plain call into mimalloc.
     let p = mi_alloc(|| unsafe { mi::mi_calloc(n, size) });
     if p.is_null() {
@@ -219,6 +238,7 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
     match vspace::part_of(p as usize) {
         // SAFETY: a block of mimalloc's arena.
         Part::Mimalloc => in_allocator(|| unsafe { mi::mi_free(p) }),
+        Part::Fine => in_allocator(|| fine::free(p as usize)),
         Part::Direct => {
             if !large_free(p as usize) {
                 farmem_sys::process::fatal(&format!("free({p:p}): not a block returned by malloc"));
@@ -244,7 +264,8 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     match vspace::part_of(p as usize) {
         // SAFETY: glibc's block; it stays with glibc.
         Part::Outside => unsafe { __libc_realloc(p, size) },
-        Part::Mimalloc if size < LARGE => {
+        // (Moved when growing into the fine classes' sizes, so that it is held as tightly.)
+        Part::Mimalloc if size < LARGE && (size <= fine::MIN || size > fine::MAX) => {
             // SAFETY: a block of mimalloc's arena.
             let n = mi_alloc(|| unsafe { mi::mi_realloc(p, size) });
             if n.is_null() {
@@ -253,6 +274,8 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
             n
         }
         Part::Direct if size >= LARGE && large_resize_in_place(p as usize, size) => p,
+        // Still its class (or not worth moving for less than half of it).
+        Part::Fine if size <= fine::usable_size(p as usize) && size > fine::MIN / 2 => p,
         _ => {
             let old = usable_size(p);
             let n = far_alloc(size, 16);

@@ -159,8 +159,8 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
         }
     }
     if mid.1 > 0 {
-        // The direct part is released; in mimalloc's part (which it never unmaps itself)
-        // the pages are only discarded.
+        // The direct part is released; in the allocators' parts (which they never unmap
+        // themselves) the pages are only discarded.
         let (_, mi_end, _) = vspace::bounds();
         let m_end = mid.0 + mid.1;
         if mid.0 < mi_end {

@@ -14,6 +14,7 @@
 //! redirected.
 
 mod exits;
+mod fine;
 mod malloc;
 mod mi;
 mod mmap;
@@ -174,6 +175,8 @@ fn start() {
 // handlers) quiesce the runtime, or bring far pages back, while we hold it.
 
 extern "C" fn fork_prepare() {
+    // The fine classes' locks come before SPACE (the order they are taken in).
+    fine::lock_all();
     // SAFETY: taking the raw lock without a guard; released by the parent or child handler
     // on this same thread.
     unsafe { vspace::SPACE.raw() }.lock();
@@ -182,6 +185,7 @@ extern "C" fn fork_prepare() {
 extern "C" fn fork_parent() {
     // SAFETY: taken by fork_prepare on this thread.
     unsafe { vspace::SPACE.raw().unlock() };
+    fine::unlock_all();
 }
 
 extern "C" fn fork_child() {
@@ -197,6 +201,7 @@ extern "C" fn fork_child() {
         }
         vspace::SPACE.raw().unlock();
     }
+    fine::unlock_all();
     if local && STATE.load(Ordering::Acquire) == READY {
         STATE.store(CHILD, Ordering::Release);
     }

@@ -4,8 +4,8 @@
 //! every far byte of the program, so "is this pointer far?" is two comparisons:
 //!
 //! ```text
-//!  base            mi_end                                       end
-//!   | mimalloc's arena |  direct ranges: mmap, mremap, large malloc  |
+//!  base            mi_end        fine_end                                  end
+//!   | mimalloc's arena | fine slabs |  direct ranges: mmap, mremap, large malloc  |
 //! ```
 //!
 //! The reservation becomes far memory in chunks of [`CHUNK`] bytes, each a runtime region
@@ -36,12 +36,15 @@ const DIRECT_SPACE: usize = 1 << 40;
 
 static BASE: AtomicUsize = AtomicUsize::new(0);
 static MI_END: AtomicUsize = AtomicUsize::new(0);
+static FINE_END: AtomicUsize = AtomicUsize::new(0);
 static END: AtomicUsize = AtomicUsize::new(0);
 
 /// Which part of the far address space a pointer is in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Part {
     Mimalloc,
+    /// Mid-size blocks in fine size classes (`fine.rs`).
+    Fine,
     Direct,
     Outside,
 }
@@ -54,6 +57,8 @@ pub fn part_of(p: usize) -> Part {
         Part::Outside
     } else if p < MI_END.load(Ordering::Relaxed) {
         Part::Mimalloc
+    } else if p < FINE_END.load(Ordering::Relaxed) {
+        Part::Fine
     } else {
         Part::Direct
     }
@@ -65,11 +70,12 @@ pub fn overlaps(a: usize, len: usize) -> bool {
     b != 0 && a < e && a.saturating_add(len) > b
 }
 
-/// The reservation's bounds: `(base, mi_end, end)`.
+/// The reservation's bounds: `(base, end of the allocators' parts, end)`. The allocators'
+/// parts (mimalloc's arena, the fine slabs) are never unmapped, only discarded.
 pub fn bounds() -> (usize, usize, usize) {
     (
         BASE.load(Ordering::Relaxed),
-        MI_END.load(Ordering::Relaxed),
+        FINE_END.load(Ordering::Relaxed),
         END.load(Ordering::Relaxed),
     )
 }
@@ -112,12 +118,14 @@ pub fn init(rt: Runtime) -> Result<(usize, usize), String> {
         registered: vec![0; nchunks.div_ceil(64)],
         by_addr: BTreeMap::new(),
         by_size: BTreeSet::new(),
-        top: base + MI_SPACE,
+        top: base + MI_SPACE + super::fine::SPACE,
         large: BTreeMap::new(),
         base,
         end: base + total,
     });
     MI_END.store(base + MI_SPACE, Ordering::Relaxed);
+    super::fine::init(base + MI_SPACE);
+    FINE_END.store(base + MI_SPACE + super::fine::SPACE, Ordering::Relaxed);
     END.store(base + total, Ordering::Relaxed);
     BASE.store(base, Ordering::Release);
     Ok((base, MI_SPACE))
