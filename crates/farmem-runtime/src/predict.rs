@@ -159,8 +159,8 @@ pub struct Predictor {
     max_window: usize,
     tally: Tally,
     faults: u64,
-    /// Predicted pages recently used and wasted (decayed): below a quarter used, a single
-    /// step of one page no longer starts a run (see [`Predictor::doubtful`]).
+    /// Predicted pages recently used and wasted (decayed): below a quarter used, predictions
+    /// need more evidence (see [`Predictor::doubtful`]).
     recent_used: u64,
     recent_wasted: u64,
 }
@@ -208,11 +208,11 @@ impl Predictor {
         }
     }
 
-    /// Have recent predictions mostly gone unused? Then runs need two equal steps to start,
-    /// and start with a small window, and the majority vote is not followed, as the kernel's swap read-ahead shrinks to one page
-    /// when its read-ahead pages are not hit. The common false start is an object that
-    /// straddles two pages (sqlite's 4 KiB B-tree pages in 5 KiB allocations): one step of
-    /// +1, then a jump. sqlite at half its peak predicted 2.5M pages at 1.4% accuracy, each
+    /// Have recent predictions mostly gone unused? Then runs need two equal steps to start
+    /// and start with a small window, and the majority vote is not followed, as the kernel's
+    /// swap read-ahead shrinks to one page when its read-ahead pages are not hit. The common
+    /// false start is an object that straddles two pages (sqlite's 4 KiB B-tree pages in
+    /// ~4.4 KiB allocations): one step of +1, then a jump. sqlite at half its peak predicted 2.5M pages at 1.4% accuracy, each
     /// wasted page a fetch that evicted a page in use.
     fn doubtful(&self) -> bool {
         let known = self.recent_used + self.recent_wasted;

@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
 use farmem_runtime::testing::*;
-use farmem_runtime::{Config, FarCopies, Region, Runtime, PAGE_SIZE};
+use farmem_runtime::{Region, Runtime, PAGE_SIZE};
 
 const SALT: u64 = 0x4B45_524E;
 
@@ -22,19 +22,10 @@ fn fixture() -> Fixture {
     fixture_with(runtime(2 << 20, 16, 16)) // 512 pages
 }
 
-/// A runtime whose far copies are kept (as over TCP): only then are pages fetched for
-/// reading installed write-protected, and the kernel's writes into them trap.
+/// Far copies kept: pages fetched for reading are installed write-protected, and the
+/// kernel's writes into them trap.
 fn fixture_keeping_far_copies() -> Fixture {
-    fixture_with(
-        Runtime::new(Config {
-            local_mem: 2 << 20,
-            evict_batch: 16,
-            fault_readahead: 16,
-            far_copies: Some(FarCopies::Keep),
-            ..Config::default()
-        })
-        .expect("starting a farmem runtime (needs userfaultfd)"),
-    )
+    fixture_with(runtime_keeping_far_copies(2 << 20, 16, 16))
 }
 
 fn fixture_with(rt: Runtime) -> Fixture {

@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use farmem_runtime::testing::*;
-use farmem_runtime::{Config, FarCopies, Region, Runtime, FM_WRITE, PAGE_SIZE};
+use farmem_runtime::{Region, Runtime, FM_WRITE, PAGE_SIZE};
 
 /// Words of a page that hold (an encoding of) the page's counter.
 const COPIES: [usize; 6] = [0, 1, 63, 200, 311, WORDS_PER_PAGE - 1];
@@ -107,16 +107,7 @@ fn single_writer_counters_survive_eviction() {
 
 #[test]
 fn single_writer_counters_survive_eviction_with_far_copies_kept() {
-    let s = single_writer(
-        Runtime::new(Config {
-            local_mem: 1 << 20,
-            evict_batch: 16,
-            fault_readahead: 16,
-            far_copies: Some(FarCopies::Keep),
-            ..Config::default()
-        })
-        .unwrap(),
-    );
+    let s = single_writer(runtime_keeping_far_copies(1 << 20, 16, 16));
     assert!(s.wp_faults > 0, "{s}");
 }
 

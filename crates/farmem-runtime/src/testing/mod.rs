@@ -6,7 +6,7 @@
 pub mod churn;
 pub mod scans;
 
-use crate::{Config, Region, Runtime, PAGE_SIZE};
+use crate::{Config, FarCopies, Region, Runtime, PAGE_SIZE};
 
 /// Tiny xorshift64* PRNG: deterministic, seedable, no dependencies.
 pub struct XorShift(u64);
@@ -50,10 +50,35 @@ pub fn mix(mut x: u64) -> u64 {
 
 /// Build a runtime with the given budget, eviction batch and fault read-ahead window.
 pub fn runtime(local_mem: u64, evict_batch: usize, fault_readahead: usize) -> Runtime {
+    runtime_with(local_mem, evict_batch, fault_readahead, None)
+}
+
+/// As [`runtime`], with far copies kept (as over TCP): only then are pages fetched for
+/// reading installed write-protected, so that their first write traps.
+pub fn runtime_keeping_far_copies(
+    local_mem: u64,
+    evict_batch: usize,
+    fault_readahead: usize,
+) -> Runtime {
+    runtime_with(
+        local_mem,
+        evict_batch,
+        fault_readahead,
+        Some(FarCopies::Keep),
+    )
+}
+
+fn runtime_with(
+    local_mem: u64,
+    evict_batch: usize,
+    fault_readahead: usize,
+    far_copies: Option<FarCopies>,
+) -> Runtime {
     Runtime::new(Config {
         local_mem,
         evict_batch,
         fault_readahead,
+        far_copies,
         ..Config::default()
     })
     .expect("starting a farmem runtime (needs userfaultfd)")

@@ -161,14 +161,14 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     if mid.1 > 0 {
         // The direct part is released; in the allocators' parts (which they never unmap
         // themselves) the pages are only discarded.
-        let (_, mi_end, _) = vspace::bounds();
+        let (_, heaps_end, _) = vspace::bounds();
         let m_end = mid.0 + mid.1;
-        if mid.0 < mi_end {
-            let l = m_end.min(mi_end) - mid.0;
+        if mid.0 < heaps_end {
+            let l = m_end.min(heaps_end) - mid.0;
             vspace::discard(vspace::runtime().as_ref(), mid.0, l);
         }
-        if m_end > mi_end {
-            let s = mid.0.max(mi_end);
+        if m_end > heaps_end {
+            let s = mid.0.max(heaps_end);
             far_unmap(s, m_end - s);
         }
     }
