@@ -333,6 +333,25 @@ fn stats_json_is_valid_and_has_the_outcome() {
     }
     assert_eq!(j["stats"]["budget_bytes"], 16u64 << 20, "{j}");
 
+    // A shell that runs a program (dash forks it, then leaves with _exit): the statistics
+    // are the program's, and say whose they are.
+    let o = run(&[
+        "--local-mem",
+        "16M",
+        "--stats-json",
+        json.s(),
+        "--",
+        "sh",
+        "-c",
+        "/usr/bin/ls /nonexistent/farmem-test; exit 4",
+    ]);
+    assert_eq!(o.status.code(), Some(4), "{}", show(&o));
+    let j = json.json();
+    assert!(j["stats"]["unhinted_faults"].is_u64(), "{j}");
+    let (pid, by) = (j["pid"].as_u64(), j["stats_pid"].as_u64());
+    assert!(by.is_some() && by != pid, "whose statistics: {j}");
+    assert_eq!(j["other_processes"], 0, "{j}");
+
     // Killed by a signal: no exit code, the signal.
     let o = run(&[
         "--local-mem",

@@ -28,6 +28,7 @@ pub(crate) fn run(st: Arc<State>) {
     let tick = Duration::from_micros(st.cfg.steal_after_us.clamp(100, 10_000));
     let mut stealer = FaultServer::new();
     while !st.shutdown.load(Ordering::Acquire) {
+        release_unused(&st);
         if round(&st, &mut stealer, steal_after) {
             continue;
         }
@@ -37,6 +38,30 @@ pub(crate) fn run(st: Arc<State>) {
             drop(st.control_cv.wait_timeout(g, tick));
         }
         st.control_sleeping.store(false, Ordering::SeqCst);
+    }
+}
+
+/// How often the embedding's release hook runs: when the budget is short, before pages in
+/// use are evicted; otherwise now and then, so that memory freed long ago goes back.
+const RELEASE_SHORT_NS: u64 = 10_000_000;
+const RELEASE_IDLE_NS: u64 = 100_000_000;
+
+/// Call the embedding's release hook if it is time (outside the fork gate: the hook may
+/// discard pages, which enters it).
+fn release_unused(st: &State) {
+    let Some(release) = st.release_hook.get() else {
+        return;
+    };
+    let short = st.wants_free_pages();
+    let every = if short {
+        RELEASE_SHORT_NS
+    } else {
+        RELEASE_IDLE_NS
+    };
+    let now = st.now_ns();
+    if now.saturating_sub(st.release_called_ns.load(Ordering::Relaxed)) >= every {
+        st.release_called_ns.store(now, Ordering::Relaxed);
+        release(short);
     }
 }
 

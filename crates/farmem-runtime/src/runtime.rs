@@ -145,6 +145,8 @@ impl Runtime {
             reclaim_paused: AtomicBool::new(false),
             over_budget_once: AtomicBool::new(false),
             evict_gate: Default::default(),
+            release_hook: Default::default(),
+            release_called_ns: AtomicU64::new(0),
         });
         let owner = Arc::new(Owner { st: st.clone() });
         workers::start(&st)?;
@@ -230,6 +232,15 @@ impl Runtime {
         // its answer needs.
         let _scope = RuntimeScope::enter();
         self.owner.st.backend.release_at_exit(release);
+    }
+
+    /// Have the control thread call `release` to get memory the embedding holds but no
+    /// longer uses (an allocator's emptied slabs) back: with `true` when the budget is short
+    /// (before it evicts pages in use), every 100 ms otherwise. `release` runs on the
+    /// control thread outside the runtime's fork gate, as a program thread would; it may
+    /// call [`Runtime::discard`]. Only the first hook set is kept.
+    pub fn set_release_hook(&self, release: fn(bool)) {
+        let _ = self.owner.st.release_hook.set(release);
     }
 
     /// Change the local budget of the running program to `bytes`. Growing only stops

@@ -93,6 +93,10 @@ pub(crate) struct State {
     pub threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// Which far copies of local pages are kept ([`crate::Config::far_copies`]).
     pub far_copies: FarCopies,
+    /// The embedding's way to give back memory it holds unused (`release.rs`), and when
+    /// the control thread last called it (`now_ns`).
+    pub release_hook: std::sync::OnceLock<fn(bool)>,
+    pub release_called_ns: AtomicU64,
 }
 
 impl State {

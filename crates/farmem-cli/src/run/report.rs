@@ -15,8 +15,11 @@ pub struct Report {
     peak_rss: u64,
     local_mem: Option<u64>,
     /// The main process's statistics, if it exited normally (the library writes them at
-    /// exit).
+    /// exit); else those of the largest process it executed, if any did (`stand_in`).
     main: Option<Map<String, Value>>,
+    /// The process whose statistics stand in for the main process's: a shell ends with
+    /// `_exit`, without exit handlers, and `sh -c 'prog < file'` is how programs are run.
+    stand_in: Option<i32>,
     /// Other processes of the program (executed children), summed.
     others: BTreeMap<String, u64>,
     n_others: usize,
@@ -47,6 +50,7 @@ impl Report {
             peak_rss: ru.ru_maxrss as u64 * 1024,
             local_mem,
             main: None,
+            stand_in: None,
             others: BTreeMap::new(),
             n_others: 0,
             backend: String::new(),
@@ -54,6 +58,8 @@ impl Report {
         let Ok(entries) = std::fs::read_dir(dir) else {
             return r;
         };
+        // (pid, peak resident set, backend, statistics) of the other processes.
+        let mut others = Vec::new();
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             let Some(p) = name
@@ -73,18 +79,31 @@ impl Report {
                 .and_then(Value::as_object)
                 .cloned()
                 .unwrap_or_default();
+            let backend: String = v
+                .get("backend")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .into();
             if p == pid {
-                r.backend = v
-                    .get("backend")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .into();
+                r.backend = backend;
                 r.main = Some(stats);
             } else {
-                r.n_others += 1;
-                for (k, val) in stats {
-                    *r.others.entry(k).or_default() += val.as_u64().unwrap_or(0);
-                }
+                let peak = v.get("peak_rss_bytes").and_then(Value::as_u64).unwrap_or(0);
+                others.push((p, peak, backend, stats));
+            }
+        }
+        if r.main.is_none() {
+            if let Some(i) = (0..others.len()).max_by_key(|&i| (others[i].1, -others[i].0)) {
+                let (p, _, backend, stats) = others.swap_remove(i);
+                r.stand_in = Some(p);
+                r.backend = backend;
+                r.main = Some(stats);
+            }
+        }
+        r.n_others = others.len();
+        for (_, _, _, stats) in others {
+            for (k, val) in stats {
+                *r.others.entry(k).or_default() += val.as_u64().unwrap_or(0);
             }
         }
         r
@@ -122,6 +141,13 @@ impl Report {
             return o;
         };
         let pages = |k: &str| stat(m, k);
+        if let Some(p) = self.stand_in {
+            let _ = writeln!(
+                o,
+                "  statistics of process {p}, the largest the program executed: the program \
+                 itself ended without its exit handlers (a shell's _exit)"
+            );
+        }
         let _ = writeln!(
             o,
             "  local budget           {:>10.1} MiB   backend {}",
@@ -230,6 +256,7 @@ impl Report {
             "peak_rss_bytes": self.peak_rss,
             "backend": self.backend,
             "stats": self.main,
+            "stats_pid": self.stand_in.unwrap_or(self.pid),
             "other_processes": self.n_others,
             "other_stats": self.others,
         });

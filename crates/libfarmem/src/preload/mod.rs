@@ -149,6 +149,10 @@ fn start() {
     let (mi_base, mi_len) = vspace::init(rt).unwrap_or_else(|e| die(&e));
     mi::init(mi_base, mi_len).unwrap_or_else(|e| die(&e));
     malloc::init();
+    // Emptied slabs go back when idle, or at once when the budget is short.
+    if let Some(rt) = RUNTIME.get() {
+        rt.set_release_hook(fine::release);
+    }
     // SAFETY: registering plain extern "C" functions that never unwind.
     unsafe {
         libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
