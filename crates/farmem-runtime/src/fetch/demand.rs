@@ -73,6 +73,11 @@ pub(crate) fn ensure(st: &State, reg: &RegionInfo, req: &Request) -> Result<Outc
                 continue;
             }
         };
+        if !phases::still_in_region(st, reg, vpn) {
+            // The region is gone (its faulting threads were woken when it was unregistered).
+            slot.unlock(old);
+            return Ok(out);
+        }
         if old.is_present() {
             // Present: either someone fetched it meanwhile, or a write needs the protection
             // lifted (the first write to a page installed read-only).

@@ -60,6 +60,18 @@ fn addr_of(vpn: usize) -> usize {
     vpn * PAGE_SIZE
 }
 
+/// Whether page `vpn`, locked by the caller, is still a page of region `reg` of this
+/// runtime. The caller found `reg` before it took the lock; the region may have been dropped
+/// since, and its address taken by a region of another runtime in this process, whose word
+/// the lock then is. A fetch must not go on: `UFFDIO_COPY` through this runtime's
+/// userfaultfd installs into any registered range, so the page would land in the other
+/// runtime's region while this one counted it (its count never fell back; the owner's fell
+/// below zero when it dropped the region: seen in CI). Under the page lock the answer holds:
+/// dropping a region takes it out of the map first, then waits for every page lock.
+pub(crate) fn still_in_region(st: &State, reg: &RegionInfo, vpn: usize) -> bool {
+    st.region_of(addr_of(vpn)).is_some_and(|r| r.id == reg.id)
+}
+
 /// The deadline of a read-ahead whose pages its stream is expected to pass in `pace_based`,
 /// never below the configured floor ([`crate::Config::prefetch_deadline_us`]).
 ///

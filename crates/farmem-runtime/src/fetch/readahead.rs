@@ -173,6 +173,16 @@ pub(crate) fn submit_pages(
             })
         })
         .collect();
+    // Checked under the first lock: the rest were locked inside the region as well.
+    if pages
+        .first()
+        .is_some_and(|l| !phases::still_in_region(st, reg, l.vpn))
+    {
+        for l in pages {
+            table::slot(l.vpn).unlock(l.old);
+        }
+        return Submitted::Nothing;
+    }
     // Only pages the backend holds are worth reading ahead; fresh ones are zero-filled for
     // nothing when reached.
     let remote = pages.iter().any(|l| l.old.has_far_copy());
