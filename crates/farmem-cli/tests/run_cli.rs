@@ -274,20 +274,18 @@ fn bad_options_are_refused_before_the_program_runs() {
     }
 }
 
+/// `farmem run --local-mem 16M --stats-json JSON -- PROG...`.
+fn run_16m_with_stats(json: &Scratch, prog: &[&str]) -> Output {
+    let mut args = vec!["--local-mem", "16M", "--stats-json", json.s(), "--"];
+    args.extend_from_slice(prog);
+    run(&args)
+}
+
 #[test]
 fn stats_json_is_valid_and_has_the_outcome() {
     let json = Scratch::new("stats.json");
     // dash leaves with _exit: the program's own statistics are missing, the outcome is not.
-    let o = run(&[
-        "--local-mem",
-        "16M",
-        "--stats-json",
-        json.s(),
-        "--",
-        "sh",
-        "-c",
-        "exit 3",
-    ]);
+    let o = run_16m_with_stats(&json, &["sh", "-c", "exit 3"]);
     assert_eq!(o.status.code(), Some(3), "{}", show(&o));
     let j = json.json();
     assert_eq!(j["exit_code"], 3, "{j}");
@@ -303,15 +301,7 @@ fn stats_json_is_valid_and_has_the_outcome() {
 
     // A program that exits through exit() (ls: status 2 for a missing file) reports its
     // runtime statistics too.
-    let o = run(&[
-        "--local-mem",
-        "16M",
-        "--stats-json",
-        json.s(),
-        "--",
-        "/usr/bin/ls",
-        "/nonexistent/farmem-test",
-    ]);
+    let o = run_16m_with_stats(&json, &["/usr/bin/ls", "/nonexistent/farmem-test"]);
     assert_eq!(o.status.code(), Some(2), "{}", show(&o));
     let j = json.json();
     assert_eq!(j["exit_code"], 2, "{j}");
@@ -335,16 +325,10 @@ fn stats_json_is_valid_and_has_the_outcome() {
 
     // A shell that runs a program (dash forks it, then leaves with _exit): the statistics
     // are the program's, and say whose they are.
-    let o = run(&[
-        "--local-mem",
-        "16M",
-        "--stats-json",
-        json.s(),
-        "--",
-        "sh",
-        "-c",
-        "/usr/bin/ls /nonexistent/farmem-test; exit 4",
-    ]);
+    let o = run_16m_with_stats(
+        &json,
+        &["sh", "-c", "/usr/bin/ls /nonexistent/farmem-test; exit 4"],
+    );
     assert_eq!(o.status.code(), Some(4), "{}", show(&o));
     let j = json.json();
     assert!(j["stats"]["unhinted_faults"].is_u64(), "{j}");
@@ -353,16 +337,7 @@ fn stats_json_is_valid_and_has_the_outcome() {
     assert_eq!(j["other_processes"], 0, "{j}");
 
     // Killed by a signal: no exit code, the signal.
-    let o = run(&[
-        "--local-mem",
-        "16M",
-        "--stats-json",
-        json.s(),
-        "--",
-        "sh",
-        "-c",
-        "kill -KILL $$",
-    ]);
+    let o = run_16m_with_stats(&json, &["sh", "-c", "kill -KILL $$"]);
     assert_eq!(o.status.signal(), Some(libc::SIGKILL), "{}", show(&o));
     let j = json.json();
     assert!(j["exit_code"].is_null(), "{j}");

@@ -255,35 +255,33 @@ impl Slabs {
     fn trim(&self, c: &mut Class) {
         let mut ranges: Vec<(usize, usize)> = Vec::new();
         for (chunk, p) in std::mem::take(&mut c.emptied) {
-            let Some(u) = c.chunks.get_mut(&chunk) else {
-                continue; // the chunk emptied and left the class
-            };
-            let bit = 1u16 << p;
-            if u.page_live[p as usize] != 0 || u.trimmed & bit != 0 {
-                continue;
+            let empty = c
+                .chunks
+                .get(&chunk)
+                .is_some_and(|u| u.page_live[p as usize] == 0 && u.trimmed & (1 << p) == 0);
+            if !empty {
+                continue; // used again, given back already, or its chunk left the class
             }
-            let addr = self.base as usize + chunk as usize * CHUNK + p as usize * PAGE_SIZE;
+            let addr = chunk as usize * CHUNK + p as usize * PAGE_SIZE;
             match ranges.last_mut() {
                 Some((s, l)) if *s + *l == addr => *l += PAGE_SIZE,
                 _ => ranges.push((addr, PAGE_SIZE)),
             }
-            u.trimmed |= bit;
         }
-        for &(addr, len) in &ranges {
+        for (off, len) in ranges {
             // No live slot is on these pages, and none can be placed there meanwhile (the
             // class lock is held); a slot placed later faults the page in again.
-            if farmem_sys::mem::madvise(addr, len, libc::MADV_DONTNEED).is_ok() {
-                self.trimmed_pages
-                    .fetch_add(len / PAGE_SIZE, Ordering::Relaxed);
-            } else {
-                // Still resident: forget the marks (counted as held, as they are).
-                for a in (addr..addr + len).step_by(PAGE_SIZE) {
-                    let off = a - self.base as usize;
-                    if let Some(u) = c.chunks.get_mut(&((off / CHUNK) as u32)) {
-                        u.trimmed &= !(1 << ((off % CHUNK) / PAGE_SIZE));
-                    }
+            let addr = self.base as usize + off;
+            if farmem_sys::mem::madvise(addr, len, libc::MADV_DONTNEED).is_err() {
+                continue; // still resident, and counted as held
+            }
+            for o in (off..off + len).step_by(PAGE_SIZE) {
+                if let Some(u) = c.chunks.get_mut(&((o / CHUNK) as u32)) {
+                    u.trimmed |= 1 << ((o % CHUNK) / PAGE_SIZE);
                 }
             }
+            self.trimmed_pages
+                .fetch_add(len / PAGE_SIZE, Ordering::Relaxed);
         }
     }
 

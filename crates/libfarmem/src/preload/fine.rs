@@ -94,7 +94,7 @@ static SLAB_TABLE: [Slab; SLABS] = [const {
 struct Class {
     current: u32,
     avail: u32,
-    /// When the current slab's last block was freed (coarse monotonic ns; 0: it has live
+    /// When the current slab's last block was freed ([`now_ns`]; 0: it has live
     /// blocks). Such a slab stays the class's, so that a program freeing and allocating
     /// one block at a time does not take a fresh slab (and fault its pages in) each time,
     /// until [`release`] finds it idle.
@@ -114,14 +114,9 @@ static CLASS_LOCKS: [Mutex<Class>; CLASSES] = [const {
 /// classes, 5 MiB of a 62 MiB peak, each holding every page its blocks ever touched.
 const IDLE_NS: u64 = 200_000_000;
 
-fn coarse_now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec it is given (a vDSO call, no syscall).
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64 + 1
+/// Now, in ns (never 0: `idle_since` uses 0 for "not idle").
+fn now_ns() -> u64 {
+    farmem_runtime::fault_log::monotonic_ns() + 1
 }
 
 /// Slabs never used yet start at `fresh`; emptied ones wait in `empty` (a list).
@@ -284,7 +279,7 @@ pub fn free(p: usize) {
     st.live -= 1;
     let current = class.current == s as u32 + 1;
     if st.live == 0 && current {
-        class.idle_since = coarse_now_ns();
+        class.idle_since = now_ns();
     } else if st.live == 0 {
         if st.listed {
             unlink(&mut class, s);
@@ -307,7 +302,7 @@ pub fn free(p: usize) {
 /// short, any idle one). Called by the runtime's control thread; skips a class whose lock
 /// is taken rather than wait.
 pub fn release(short: bool) {
-    let now = coarse_now_ns();
+    let now = now_ns();
     for l in &CLASS_LOCKS {
         let Some(mut class) = l.try_lock() else {
             continue;
