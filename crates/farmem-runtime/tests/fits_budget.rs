@@ -54,12 +54,18 @@ fn a_program_within_its_budget_keeps_every_page_and_one_beyond_gets_a_free_pool(
 
 /// New memory that grows resident memory is zero-filled a block at a time while the program
 /// fits its budget; sparse first touches get only the pages they touch. (Fault read-ahead is
-/// off here, so that the counts are the fault-around's alone.)
+/// off here, so that the counts are the fault-around's alone.) A fault for a page that was
+/// installed meanwhile (spurious) is not counted: the demanded page is installed and its
+/// thread woken before the rest of the block, so on a loaded machine the thread can touch
+/// the next page first; that fault then finds it installed (CI saw 3 faults, 1 spurious).
 #[test]
 fn growing_fresh_memory_faults_once_per_block_and_sparse_touches_take_no_more() {
     let rt = runtime(64 << 20, 32, 0);
     let r = rt.create_region(16 << 20).unwrap();
-    let faults = |rt: &farmem_runtime::Runtime| rt.stats().unhinted_faults;
+    let faults = |rt: &farmem_runtime::Runtime| {
+        let s = rt.stats();
+        s.unhinted_faults - s.spurious_faults
+    };
     // A heap growing page by page through 256 KiB: the first page, then its neighbour
     // (which fills the rest of the 64-page block), then nothing more.
     for p in 0..64 {
@@ -68,11 +74,12 @@ fn growing_fresh_memory_faults_once_per_block_and_sparse_touches_take_no_more() 
     assert_eq!(faults(&rt), 2, "{}", rt.stats());
     // Sparse touches far apart: one page each.
     let before = rt.stats();
+    let faults_before = faults(&rt);
     for k in 1..=20 {
         assert_eq!(rd_at(&r, (k * 100) * PAGE_SIZE), 0);
     }
     let after = rt.stats();
-    assert_eq!(after.unhinted_faults - before.unhinted_faults, 20);
+    assert_eq!(faults(&rt) - faults_before, 20, "{after}");
     assert_eq!(
         after.pages_installed - before.pages_installed,
         20,
