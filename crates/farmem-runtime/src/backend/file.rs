@@ -40,8 +40,6 @@ const SLOT_MASK: u32 = (1 << GEN_SHIFT) - 1;
 /// Files one process can read: its own and its forebears' (a fork deeper than this brings
 /// the far pages back instead).
 const GENS: usize = 1 << (32 - GEN_SHIFT);
-/// Bytes of bookkeeping per stored page (its index entry with the table's slack).
-const INDEX_BYTES_PER_PAGE: u64 = 32;
 /// Least free space a directory must have to be accepted for a file tier.
 const MIN_FREE: u64 = 64 << 20;
 const TMPFS_MAGIC: i64 = 0x0102_1994;
@@ -539,7 +537,7 @@ impl Backend for FileBackend {
         FarUsage {
             pages,
             stored_bytes: pages * PAGE_SIZE as u64,
-            held_bytes: pages * INDEX_BYTES_PER_PAGE,
+            held_bytes: self.index.table_bytes() as u64,
             file_bytes: pages * PAGE_SIZE as u64,
         }
     }

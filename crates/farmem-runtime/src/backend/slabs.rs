@@ -60,9 +60,11 @@ struct Class {
     partial: Vec<u32>,
     /// Per chunk of this class: live slots and the free slot numbers.
     chunks: std::collections::HashMap<u32, ChunkUse>,
-    /// Pages (chunk, page) that had no live slot when last freed from, not yet given back
-    /// (some may have been used again since: checked when trimming).
-    emptied: Vec<(u32, u8)>,
+    /// Pages that frees left without a live slot since the class was last trimmed (some
+    /// may have been used again since). A count, not a list: a list of (chunk, page) per
+    /// class held up to 128 KiB each, 4-5 MiB of runtime memory in the suite's kvs, which
+    /// the budget counts against the program.
+    emptied: u32,
 }
 
 #[derive(Default)]
@@ -77,23 +79,13 @@ struct ChunkUse {
     trimmed: u16,
 }
 
-/// Most emptied pages a class remembers before it forgets those used again since.
-const MAX_EMPTIED: usize = 8192;
+/// Emptied pages a class waits for before it looks for pages to give back: at least this
+/// many, and a quarter of its chunks, so that each look (a scan of the class's chunks, 16
+/// pages each) is paid for by at most 64 page checks per emptied page.
+const TRIM_AFTER: u32 = 32;
 
-/// Forget the emptied pages that are no longer empty or already given back; if still too
-/// many, the oldest (their chunks give them back when they empty).
-fn prune(c: &mut Class) {
-    let Class {
-        chunks, emptied, ..
-    } = c;
-    emptied.retain(|&(ch, p)| {
-        chunks
-            .get(&ch)
-            .is_some_and(|u| u.page_live[p as usize] == 0 && u.trimmed & (1 << p) == 0)
-    });
-    if emptied.len() > MAX_EMPTIED / 2 {
-        emptied.drain(..emptied.len() - MAX_EMPTIED / 2);
-    }
+fn trim_due(c: &Class) -> bool {
+    c.emptied >= TRIM_AFTER.max((c.chunks.len() / 4) as u32)
 }
 
 /// The pages of the chunk that slot `n` of `size` bytes covers.
@@ -212,21 +204,16 @@ impl Slabs {
         let was_full = u.free.is_empty() && u.fresh == per_chunk;
         u.live -= 1;
         u.free.push(n);
-        // A slot of at most a page covers at most two.
-        let (mut emptied, mut k) = ([(0u32, 0u8); 2], 0);
+        let mut emptied = 0;
         for p in slot_pages(n, size) {
             u.page_live[p] -= 1;
             if u.page_live[p] == 0 && u.live > 0 {
-                emptied[k] = (chunk, p as u8);
-                k += 1;
+                emptied += 1;
             }
         }
         let (live, trimmed) = (u.live, u.trimmed.count_ones() as usize);
         self.slot_bytes.fetch_sub(size as u64, Ordering::Relaxed);
-        c.emptied.extend_from_slice(&emptied[..k]);
-        if c.emptied.len() > MAX_EMPTIED {
-            prune(&mut c);
-        }
+        c.emptied = c.emptied.saturating_add(emptied);
         if live == 0 {
             c.chunks.remove(&chunk);
             if let Some(i) = c.partial.iter().rposition(|&x| x == chunk) {
@@ -238,7 +225,7 @@ impl Slabs {
             if was_full {
                 c.partial.push(chunk);
             }
-            if k > 0 && self.too_much_held() {
+            if emptied > 0 && trim_due(&c) && self.too_much_held() {
                 self.trim(&mut c);
             }
         }
@@ -251,18 +238,20 @@ impl Slabs {
         slack > SLACK_MIN && slack > held >> SLACK_SHIFT
     }
 
-    /// Give back the class's emptied pages that are still empty (class lock held).
+    /// Give back the pages of the class's chunks that hold no live slot (class lock held).
     fn trim(&self, c: &mut Class) {
-        let mut ranges: Vec<(usize, usize)> = Vec::new();
-        for (chunk, p) in std::mem::take(&mut c.emptied) {
-            let empty = c
-                .chunks
-                .get(&chunk)
-                .is_some_and(|u| u.page_live[p as usize] == 0 && u.trimmed & (1 << p) == 0);
-            if !empty {
-                continue; // used again, given back already, or its chunk left the class
+        c.emptied = 0;
+        let mut empty: Vec<usize> = Vec::new();
+        for (&chunk, u) in &c.chunks {
+            for (p, &live) in u.page_live.iter().enumerate() {
+                if live == 0 && u.trimmed & (1 << p) == 0 {
+                    empty.push(chunk as usize * CHUNK + p * PAGE_SIZE);
+                }
             }
-            let addr = chunk as usize * CHUNK + p as usize * PAGE_SIZE;
+        }
+        empty.sort_unstable();
+        let mut ranges: Vec<(usize, usize)> = Vec::new();
+        for addr in empty {
             match ranges.last_mut() {
                 Some((s, l)) if *s + *l == addr => *l += PAGE_SIZE,
                 _ => ranges.push((addr, PAGE_SIZE)),
@@ -314,6 +303,13 @@ impl Slabs {
     pub(crate) fn held_bytes(&self) -> u64 {
         let chunks = self.held_chunks.load(Ordering::Relaxed) * CHUNK;
         chunks.saturating_sub(self.trimmed_pages.load(Ordering::Relaxed) * PAGE_SIZE) as u64
+    }
+
+    /// Bytes of the pool's records of the chunks in use: a hash-table entry each, with the
+    /// table's slack (their lists of freed slots are not counted: at most 2 bytes a slot).
+    pub(crate) fn bookkeeping_bytes(&self) -> usize {
+        let per_chunk = 2 * (std::mem::size_of::<(u32, ChunkUse)>() + 1);
+        self.held_chunks.load(Ordering::Relaxed) * per_chunk
     }
 
     /// The most bytes of chunks the pool may hold.
