@@ -351,10 +351,16 @@ impl Config {
     /// that is free, so a smaller pool cuts windows short and the pages cut off fault one
     /// by one), but never more than a quarter of the budget.
     pub fn free_target_pages(&self) -> usize {
+        let want = self.free_floor_pages().max(2 * self.fault_readahead);
+        want.min((self.budget_pages() / 4).max(self.effective_evict_batch()))
+    }
+
+    /// The free pages kept while no read-ahead window needs more: `free_pct` of the budget
+    /// and one eviction batch (the control thread sizes the pool between this and
+    /// [`Config::free_target_pages`] by the read-ahead asked for lately).
+    pub fn free_floor_pages(&self) -> usize {
         let pct = (self.budget_pages() as f64 * self.free_pct / 100.0) as usize;
-        let batch = self.effective_evict_batch();
-        let want = pct.max(batch).max(2 * self.fault_readahead);
-        want.min((self.budget_pages() / 4).max(batch))
+        pct.max(self.effective_evict_batch())
     }
 }
 

@@ -201,8 +201,7 @@ fn take_over(st: &Arc<State>) {
             ..st.cfg.clone()
         };
         crate::process_budget::set_asked(st, cfg.budget_pages());
-        st.free_target
-            .store(cfg.free_target_pages(), Ordering::Relaxed);
+        st.set_free_pool(&cfg);
         st.over_budget_once.store(true, Ordering::Relaxed);
     }
     // The parent's threads do not exist here: their handles are never joined.

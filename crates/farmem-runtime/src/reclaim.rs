@@ -79,6 +79,7 @@ pub(crate) fn reserve(st: &State, n: usize) {
 
 /// Reserve up to `n` pages without reclaiming (for read-ahead); returns how many.
 pub(crate) fn try_reserve(st: &State, n: usize) -> usize {
+    st.readahead_seen.fetch_max(n, Ordering::Relaxed);
     let mut cur = st.resident.load(Ordering::Relaxed);
     loop {
         let take = n.min(st.budget().saturating_sub(cur));

@@ -117,6 +117,9 @@ impl Runtime {
             other_pages: AtomicUsize::new(0),
             budget_checked_ns: AtomicU64::new(0),
             free_target: AtomicUsize::new(cfg.free_target_pages()),
+            free_floor: AtomicUsize::new(cfg.free_floor_pages().min(cfg.free_target_pages())),
+            free_target_now: AtomicUsize::new(cfg.free_target_pages()),
+            readahead_seen: AtomicUsize::new(0),
             backend,
             policy: Mutex::new(policy::build(cfg.policy)),
             book: Default::default(),
@@ -255,8 +258,7 @@ impl Runtime {
         };
         cfg.validate()?;
         let pages = cfg.budget_pages();
-        st.free_target
-            .store(cfg.free_target_pages(), Ordering::Relaxed);
+        st.set_free_pool(&cfg);
         process_budget::set_asked(st, pages);
         // The regions' share of it (all of it unless the budget covers the whole process).
         let pages = st.budget();

@@ -35,6 +35,12 @@ pub(crate) struct State {
     /// [`State::free_target`]).
     pub budget: AtomicUsize,
     pub free_target: AtomicUsize,
+    /// The free pool's floor (the most is `free_target`), and its size now: the control
+    /// thread keeps room for twice the read-ahead asked for lately (`readahead_seen`, the
+    /// largest since it last looked), never less than the floor (`control.rs`).
+    pub free_floor: AtomicUsize,
+    pub free_target_now: AtomicUsize,
+    pub readahead_seen: AtomicUsize,
     /// The budget asked for, in pages; `budget` is its share left to the regions
     /// (`process_budget.rs`): all of it unless the budget covers the whole process.
     pub asked_budget: AtomicUsize,
@@ -125,7 +131,18 @@ impl State {
     /// Free pages the control thread keeps available now.
     #[inline]
     pub fn free_target(&self) -> usize {
-        self.free_target.load(Ordering::Relaxed)
+        self.free_target_now
+            .load(Ordering::Relaxed)
+            .min(self.free_target.load(Ordering::Relaxed))
+    }
+
+    /// Set the free pool's bounds for a budget of `cfg` (the pool starts at its most).
+    pub fn set_free_pool(&self, cfg: &crate::config::Config) {
+        let most = cfg.free_target_pages();
+        self.free_floor
+            .store(cfg.free_floor_pages().min(most), Ordering::Relaxed);
+        self.free_target.store(most, Ordering::Relaxed);
+        self.free_target_now.store(most, Ordering::Relaxed);
     }
 
     pub fn free_pages(&self) -> usize {
