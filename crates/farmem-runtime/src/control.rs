@@ -50,8 +50,8 @@ const ADAPT_NS: u64 = 50_000_000;
 /// read-ahead (it only takes budget that is free, so a short pool cuts windows short and
 /// the pages cut off fault one by one); a program reading at random asks for none, and a
 /// pool of two full windows (512 pages) kept 2.5 MiB of a 32 MiB budget empty for nothing:
-/// the suite's csrbuild at 25%, whose counters are all of its budget, held 6,800 of their
-/// 8,200 pages and refaulted them.
+/// the suite's csrbuild at 25%, whose counters are all of its budget, held 6,500-6,800 of
+/// their 8,200 pages and refaulted the rest.
 #[derive(Default)]
 struct FreePool {
     /// The largest read-ahead seen, decaying by a quarter per look.

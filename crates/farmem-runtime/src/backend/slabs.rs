@@ -62,8 +62,8 @@ struct Class {
     chunks: std::collections::HashMap<u32, ChunkUse>,
     /// Pages that frees left without a live slot since the class was last trimmed (some
     /// may have been used again since). A count, not a list: a list of (chunk, page) per
-    /// class held up to 128 KiB each, 4-5 MiB of runtime memory in the suite's kvs, which
-    /// the budget counts against the program.
+    /// class grew to 8,192 entries (up to 128 KiB of capacity, never shrunk) in each of 64
+    /// classes, memory that the process budget counts against the program.
     emptied: u32,
 }
 
