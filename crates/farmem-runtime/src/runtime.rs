@@ -116,9 +116,10 @@ impl Runtime {
             asked_budget: AtomicUsize::new(cfg.budget_pages()),
             other_pages: AtomicUsize::new(0),
             budget_checked_ns: AtomicU64::new(0),
-            free_target: AtomicUsize::new(cfg.free_target_pages()),
-            free_floor: AtomicUsize::new(cfg.free_floor_pages().min(cfg.free_target_pages())),
-            free_target_now: AtomicUsize::new(cfg.free_target_pages()),
+            // Set from `cfg` below (`State::set_free_pool`), as when the budget changes.
+            free_target: AtomicUsize::new(0),
+            free_floor: AtomicUsize::new(0),
+            free_target_now: AtomicUsize::new(0),
             readahead_seen: AtomicUsize::new(0),
             backend,
             policy: Mutex::new(policy::build(cfg.policy)),
@@ -151,6 +152,7 @@ impl Runtime {
             release_hook: Default::default(),
             release_called_ns: AtomicU64::new(0),
         });
+        st.set_free_pool(&st.cfg);
         let owner = Arc::new(Owner { st: st.clone() });
         workers::start(&st)?;
         tracing::debug!(

@@ -206,7 +206,6 @@ impl LocalBackend {
         }
     }
 
-    /// Pages not compressed because their neighbours did not compress.
     /// Bytes of the store's own bookkeeping: the index, the queue of the tiered store's
     /// candidates and the slabs' chunk records. Like zram's tables, they are the far tier's
     /// memory, not the program's (`process_budget.rs`); in the suite's kvs at 25% they took
@@ -216,6 +215,7 @@ impl LocalBackend {
         (self.index.table_bytes() + queue + self.slabs.bookkeeping_bytes()) as u64
     }
 
+    /// Pages not compressed because their neighbours did not compress.
     pub(crate) fn compress_counters(&self) -> Vec<(&'static str, u64)> {
         match self.codec {
             None => Vec::new(),
