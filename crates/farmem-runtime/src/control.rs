@@ -28,20 +28,37 @@ pub(crate) fn run(st: Arc<State>) {
     let tick = Duration::from_micros(st.cfg.steal_after_us.clamp(100, 10_000));
     let mut stealer = FaultServer::new();
     let mut pool = FreePool::default();
+    let mut faults_seen = 0;
     while !st.shutdown.load(Ordering::Acquire) {
         release_unused(&st);
         pool.adapt(&st);
         if round(&st, &mut stealer, steal_after) {
             continue;
         }
+        // The short tick is for stealing faults and completing read-ahead; while neither
+        // can be needed the thread wakes only to measure the process's other memory.
+        let faults = st.stats.c.unhinted_faults.load(Ordering::Relaxed);
+        let quiet = faults == faults_seen
+            && st.fault_busy_since.load(Ordering::Relaxed) == 0
+            && st.inflight.is_empty();
+        faults_seen = faults;
         let g = st.control_lock.lock().unwrap_or_else(|p| p.into_inner());
         st.control_sleeping.store(true, Ordering::SeqCst);
         if !st.wants_free_pages() && !st.shutdown.load(Ordering::Acquire) {
-            drop(st.control_cv.wait_timeout(g, tick));
+            drop(
+                st.control_cv
+                    .wait_timeout(g, if quiet { tick.max(QUIET_TICK) } else { tick }),
+            );
         }
         st.control_sleeping.store(false, Ordering::SeqCst);
     }
 }
+
+/// How long the control thread sleeps when no fault was served since its last round and no
+/// read-ahead is in flight: the process budget's measuring interval. Ticking every 500 us
+/// regardless took 3.5% of a CPU in 2,000 wake-ups a second while a program ran without
+/// faulting, on a machine of 2 CPUs whose other one the program may want.
+const QUIET_TICK: Duration = Duration::from_millis(10);
 
 /// How often the control thread sizes the free pool.
 const ADAPT_NS: u64 = 50_000_000;
