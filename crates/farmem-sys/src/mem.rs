@@ -339,3 +339,73 @@ pub fn physical_memory() -> u64 {
     };
     (pages.max(0) as u64) * (size.max(0) as u64)
 }
+
+/// A sealed in-memory file (`memfd_create`) holding `contents`, which nothing can change or
+/// resize any more (`F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK`): its pages can be mapped
+/// privately, copy-on-write, as a template.
+pub fn sealed_memfd(name: &std::ffi::CStr, contents: &[u8]) -> io::Result<OwnedFd> {
+    // SAFETY: memfd_create with a valid C string; the descriptor is owned from here on.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_memfd_create,
+            name.as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just returned to us and owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    let mut done = 0;
+    while done < contents.len() {
+        let rest = &contents[done..];
+        // SAFETY: writing from a live slice to our own descriptor.
+        let n = unsafe {
+            libc::pwrite(
+                fd.as_raw_fd(),
+                rest.as_ptr().cast(),
+                rest.len(),
+                done as libc::off_t,
+            )
+        };
+        if n <= 0 {
+            return Err(io::Error::last_os_error());
+        }
+        done += n as usize;
+    }
+    let seals = libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
+    // SAFETY: fcntl on our own descriptor with integer arguments.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// The identity (device, inode) of what descriptor `fd` names, if it is open.
+pub fn fd_identity(fd: RawFd) -> Option<(u64, u64)> {
+    // SAFETY: stat is plain old data, filled by the kernel.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat with a valid out-pointer; a closed descriptor only fails.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return None;
+    }
+    Some((st.st_dev, st.st_ino))
+}
+
+/// Map `len` bytes of file `fd` from offset 0 privately (copy-on-write) over
+/// `[addr, addr+len)`, replacing what was there.
+///
+/// # Safety
+/// Whatever was mapped there is discarded: the caller must own the range.
+pub unsafe fn map_file_private_fixed(
+    addr: usize,
+    len: usize,
+    prot: i32,
+    fd: RawFd,
+) -> io::Result<()> {
+    let flags = libc::MAP_PRIVATE | libc::MAP_NORESERVE | libc::MAP_FIXED;
+    sys_mmap(addr, len, prot, flags, fd, 0)
+        .map(|_| ())
+        .map_err(io_err)
+}

@@ -128,32 +128,48 @@ fn table_span(first_vpn: usize, npages: usize) -> (usize, usize) {
     (s, e - s)
 }
 
-/// Make the words of `npages` pages from `first_vpn` writable and set them to `FRESH`.
+/// The bytes of the table that hold the words of `npages` pages from `first_vpn`, and the
+/// whole table pages among them (which no other region's words share).
+fn word_span(first_vpn: usize, npages: usize) -> (usize, usize, usize, usize) {
+    let start = base() as usize + first_vpn * 8;
+    let end = start + npages * 8;
+    let inner_s = (start + PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
+    let inner_e = (end & !(PAGE_SIZE - 1)).max(inner_s);
+    (start, end, inner_s, inner_e)
+}
+
+/// Make the words of `npages` pages from `first_vpn` writable and set them to `FRESH`: the
+/// whole table pages as copy-on-write `FRESH` pages (`fresh.rs`: no memory until written),
+/// the partial ones at the ends (shared with neighbours) word by word.
 pub(crate) fn register(first_vpn: usize, npages: usize) -> io::Result<()> {
     init()?;
     let (s, len) = table_span(first_vpn, npages);
     mem::mprotect(s as *mut u8, len, libc::PROT_READ | libc::PROT_WRITE)?;
     super::digest::register(first_vpn, npages)?;
+    let (start, end, inner_s, inner_e) = word_span(first_vpn, npages);
+    let mapped = inner_e > inner_s && super::fresh::map_fresh(inner_s, inner_e).is_ok();
     for vpn in first_vpn..first_vpn + npages {
-        slot(vpn).store(PageWord::FRESH);
+        let a = start + (vpn - first_vpn) * 8;
+        debug_assert!(a < end);
+        if !mapped || a < inner_s || a >= inner_e {
+            slot(vpn).store(PageWord::FRESH);
+        }
     }
     Ok(())
 }
 
 /// Forget the words of a destroyed region: zero them, and give back the table pages it used
-/// alone (they stay writable, which is harmless: they read as zero again).
+/// alone (anonymous and read-only again, as the rest of the reservation).
 pub(crate) fn unregister(first_vpn: usize, npages: usize) {
+    let (start, _, inner_s, inner_e) = word_span(first_vpn, npages);
+    let unmapped = inner_e > inner_s && super::fresh::map_unregistered(inner_s, inner_e);
     for vpn in first_vpn..first_vpn + npages {
-        slot(vpn).store(PageWord::UNREGISTERED);
+        let a = start + (vpn - first_vpn) * 8;
+        if !unmapped || a < inner_s || a >= inner_e {
+            slot(vpn).store(PageWord::UNREGISTERED);
+        }
     }
     super::digest::unregister(first_vpn, npages);
-    let start = base() as usize + first_vpn * 8;
-    let end = start + npages * 8;
-    let inner_s = (start + PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
-    let inner_e = end & !(PAGE_SIZE - 1);
-    if inner_e > inner_s {
-        let _ = mem::madvise(inner_s, inner_e - inner_s, libc::MADV_DONTNEED);
-    }
 }
 
 impl PageSlot {
