@@ -2,6 +2,7 @@
 //! are shared and noisy: only same-run ratios and medians mean something).
 
 mod kv;
+mod limits;
 mod memcached_client;
 mod programs;
 mod scan;

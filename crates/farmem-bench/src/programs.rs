@@ -25,7 +25,8 @@ pub struct Args {
         default_value = "python,python-fork,sort,sqlite,memcached,c-fork"
     )]
     workloads: Vec<String>,
-    /// Local memory, in percent of each program's native peak.
+    /// Local memory, in percent of each program's native peak (plus 8 MiB for the program's
+    /// code and stacks and the runtime's own memory; Linux swap's cgroup gets the same).
     #[arg(long, value_delimiter = ',', default_value = "50,25")]
     local: Vec<u32>,
     /// Runs per point (the median is reported).
@@ -486,7 +487,7 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
             times.entry("native".into()).or_default().push(r.secs);
             forks.entry("native".into()).or_default().extend(&r.fork_us);
             for &pct in &a.local {
-                let local = peak * pct as u64 / 100;
+                let local = crate::limits::limit(peak, pct as f64);
                 // One run per mode in turn, so that drifts of the machine hit all alike.
                 for mode in &modes {
                     let key = format!("{} {pct}%", mode.label());
@@ -563,9 +564,10 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
         "\nmedian wall time in seconds (ratio to native), and memory used at the peak in MiB \
          (the peak of a memory cgroup holding the whole process tree, forked children \
          included: for farmem its compressed far pages count, a far file does not; for Linux \
-         zram's memory is added); data size {} MiB; farmem on \
-         {}; zram with {}",
+         zram's memory is added); data size {} MiB; limit at N%: N% of the native peak plus \
+         {} MiB, for both sides; farmem on {}; zram with {}",
         a.size_mib,
+        crate::limits::PROCESS_ALLOWANCE >> 20,
         a.backends.join(", "),
         a.zram_comp
     );

@@ -71,10 +71,6 @@ pub enum SwapChoice {
     File,
 }
 
-/// Memory the scanning process needs besides the data (binary, page orders, stacks): added to
-/// the cgroup limit so that the data gets the same share of local memory as under farmem.
-const PROCESS_ALLOWANCE: u64 = 8 << 20;
-
 /// The child process of a Linux-swap measurement: scan a plain array, print the rates.
 #[derive(clap::Args)]
 pub struct NativeArgs {
@@ -534,7 +530,7 @@ fn swap_rows(
     pct: f64,
     native_of: &dyn Fn(Pattern) -> f64,
 ) -> Result<Vec<Row>> {
-    let limit = (size as f64 * pct / 100.0) as u64 + PROCESS_ALLOWANCE;
+    let limit = crate::limits::limit(size as u64, pct);
     let (swap_kind, name) = match kind {
         SwapChoice::Zram => (SwapKind::Zram, "swap-zram"),
         SwapChoice::File => (

@@ -64,11 +64,7 @@ pub struct Runner<'a> {
     pub timeout: Duration,
 }
 
-/// Memory the program needs besides its data (binary, libraries, stacks, page tables, and
-/// under farmem the runtime's own): added to the local share of the data to make the limit
-/// both sides get, the cgroup's for Linux and `--local-mem` for farmem (whose budget, like the
-/// cgroup's limit, covers all of the program's anonymous memory).
-pub const PROCESS_ALLOWANCE: u64 = 8 << 20;
+use crate::limits::PROCESS_ALLOWANCE;
 
 /// One run to make.
 pub struct Job<'a> {
