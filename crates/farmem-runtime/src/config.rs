@@ -20,8 +20,8 @@ pub enum PolicyKind {
 impl PolicyKind {
     pub fn parse(s: &str) -> Result<PolicyKind> {
         match s.trim() {
-            "fifo" | "default" => Ok(PolicyKind::Fifo),
-            "second-chance" | "clock" => Ok(PolicyKind::SecondChance),
+            "fifo" => Ok(PolicyKind::Fifo),
+            "second-chance" | "clock" | "default" => Ok(PolicyKind::SecondChance),
             "lru" => Ok(PolicyKind::Lru),
             "priority" => Ok(PolicyKind::Priority),
             other => Err(Error::Config(format!(
@@ -46,7 +46,10 @@ pub struct Config {
     /// Free budget the control thread keeps, in percent of the budget (`FARMEM_FREE_PCT`,
     /// default 1; at least two read-ahead windows, see [`Config::free_target_pages`]).
     pub free_pct: f64,
-    /// Reclaim policy (`FARMEM_POLICY`, default fifo).
+    /// Reclaim policy (`FARMEM_POLICY`, default second-chance: with the working set's refault
+    /// distances it keeps what a program comes back to, where FIFO evicts it in turn; sqlite
+    /// at half its peak faulted 1.0M times under FIFO, 0.51M under second chance, as many as
+    /// Linux swap at that limit).
     pub policy: PolicyKind,
     /// Largest read-ahead window for sequential unhinted faults, in pages
     /// (`FARMEM_FAULT_READAHEAD`, default 256; 0 disables). A window only grows this far
@@ -173,7 +176,7 @@ impl Default for Config {
             backend: BackendSpec::Local { lz4: false },
             evict_batch: 128,
             free_pct: 1.0,
-            policy: PolicyKind::Fifo,
+            policy: PolicyKind::SecondChance,
             fault_readahead: 256,
             max_readahead: 256,
             hint_pipeline: 2,
