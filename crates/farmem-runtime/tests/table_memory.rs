@@ -56,6 +56,15 @@ fn a_large_region_costs_table_memory_only_where_it_is_used() {
         "64 scattered pages (and 64 of the next) took {used} KiB"
     );
 
+    // The first and last pages' words share table pages with whatever lies beside the
+    // region (written word by word): they work as the others do.
+    let last = 4 * GIB / PAGE_SIZE - 1;
+    for p in [0, 1, last - 1, last] {
+        assert_eq!(rd_at(&r, p * PAGE_SIZE), 0, "page {p}");
+        wr_at(&r, p * PAGE_SIZE, value(p));
+        assert_eq!(rd_at(&r, p * PAGE_SIZE), value(p), "page {p}");
+    }
+
     // Dropped, and a region made again over the same words: they read fresh again, and
     // pages written in the first life read as zeros in the second.
     drop(r);

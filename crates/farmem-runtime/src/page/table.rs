@@ -128,14 +128,36 @@ fn table_span(first_vpn: usize, npages: usize) -> (usize, usize) {
     (s, e - s)
 }
 
-/// The bytes of the table that hold the words of `npages` pages from `first_vpn`, and the
-/// whole table pages among them (which no other region's words share).
-fn word_span(first_vpn: usize, npages: usize) -> (usize, usize, usize, usize) {
+/// The pages among `npages` from `first_vpn` whose words are written one by one: all of
+/// them, or with `whole_pages_mapped` only those whose words lie in the table pages shared
+/// with neighbouring regions (at both ends), the whole pages between having been mapped.
+fn one_by_one(
+    first_vpn: usize,
+    npages: usize,
+    whole_pages_mapped: bool,
+) -> impl Iterator<Item = usize> {
+    let end_vpn = first_vpn + npages;
+    let (head_end, tail_start) = if whole_pages_mapped {
+        let (start, inner_s, inner_e) = whole_table_pages(first_vpn, npages);
+        // Both differences are multiples of 8: the table starts on a page boundary.
+        (
+            first_vpn + (inner_s - start) / 8,
+            first_vpn + (inner_e - start) / 8,
+        )
+    } else {
+        (end_vpn, end_vpn)
+    };
+    (first_vpn..head_end.min(end_vpn)).chain(tail_start.min(end_vpn)..end_vpn)
+}
+
+/// Where the words of `npages` pages from `first_vpn` start in the table, and the whole
+/// table pages among them `[inner_s, inner_e)` (no other region's words share them).
+fn whole_table_pages(first_vpn: usize, npages: usize) -> (usize, usize, usize) {
     let start = base() as usize + first_vpn * 8;
     let end = start + npages * 8;
     let inner_s = (start + PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
     let inner_e = (end & !(PAGE_SIZE - 1)).max(inner_s);
-    (start, end, inner_s, inner_e)
+    (start, inner_s, inner_e)
 }
 
 /// Make the words of `npages` pages from `first_vpn` writable and set them to `FRESH`: the
@@ -146,14 +168,10 @@ pub(crate) fn register(first_vpn: usize, npages: usize) -> io::Result<()> {
     let (s, len) = table_span(first_vpn, npages);
     mem::mprotect(s as *mut u8, len, libc::PROT_READ | libc::PROT_WRITE)?;
     super::digest::register(first_vpn, npages)?;
-    let (start, end, inner_s, inner_e) = word_span(first_vpn, npages);
+    let (_, inner_s, inner_e) = whole_table_pages(first_vpn, npages);
     let mapped = inner_e > inner_s && super::fresh::map_fresh(inner_s, inner_e).is_ok();
-    for vpn in first_vpn..first_vpn + npages {
-        let a = start + (vpn - first_vpn) * 8;
-        debug_assert!(a < end);
-        if !mapped || a < inner_s || a >= inner_e {
-            slot(vpn).store(PageWord::FRESH);
-        }
+    for vpn in one_by_one(first_vpn, npages, mapped) {
+        slot(vpn).store(PageWord::FRESH);
     }
     Ok(())
 }
@@ -161,13 +179,10 @@ pub(crate) fn register(first_vpn: usize, npages: usize) -> io::Result<()> {
 /// Forget the words of a destroyed region: zero them, and give back the table pages it used
 /// alone (anonymous and read-only again, as the rest of the reservation).
 pub(crate) fn unregister(first_vpn: usize, npages: usize) {
-    let (start, _, inner_s, inner_e) = word_span(first_vpn, npages);
+    let (_, inner_s, inner_e) = whole_table_pages(first_vpn, npages);
     let unmapped = inner_e > inner_s && super::fresh::map_unregistered(inner_s, inner_e);
-    for vpn in first_vpn..first_vpn + npages {
-        let a = start + (vpn - first_vpn) * 8;
-        if !unmapped || a < inner_s || a >= inner_e {
-            slot(vpn).store(PageWord::UNREGISTERED);
-        }
+    for vpn in one_by_one(first_vpn, npages, unmapped) {
+        slot(vpn).store(PageWord::UNREGISTERED);
     }
     super::digest::unregister(first_vpn, npages);
 }
