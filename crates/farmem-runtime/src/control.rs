@@ -24,6 +24,7 @@ use crate::{demotion, gate, process_budget};
 
 /// The control thread's loop.
 pub(crate) fn run(st: Arc<State>) {
+    crate::fetch::warm_thread_locals();
     let steal_after = st.cfg.steal_after_us * 1000;
     let tick = Duration::from_micros(st.cfg.steal_after_us.clamp(100, 10_000));
     let mut stealer = FaultServer::new();

@@ -53,6 +53,8 @@ fn peer_uid(s: &UnixStream) -> Option<u32> {
 
 /// Serve requests for ever (the thread ends with the process).
 fn serve(listener: UnixListener, rt: crate::Runtime) {
+    // A budget change evicts on this thread.
+    crate::fetch::warm_thread_locals();
     // SAFETY: getuid has no preconditions.
     let me = unsafe { libc::getuid() };
     for conn in listener.incoming() {

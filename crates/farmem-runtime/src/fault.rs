@@ -260,6 +260,7 @@ pub(crate) fn serve_until(st: &State, done: impl Fn() -> bool) {
 
 /// Main loop of a fault thread.
 pub(crate) fn run(st: Arc<State>) {
+    crate::fetch::warm_thread_locals();
     // Running: a forked child's handler stops serving faults for it (`fork.rs`).
     st.fault_thread_up.store(true, Ordering::Release);
     let mut server = FaultServer::new();

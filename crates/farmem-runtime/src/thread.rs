@@ -24,6 +24,18 @@ where
     let _local = scope::LocalScope::enter();
     std::thread::Builder::new().name(name).spawn(move || {
         scope::keep_local_on_this_thread();
+        warm_lock_parking();
         f()
     })
+}
+
+/// Make parking_lot's per-thread parking record now, with a wait that times out at once: a
+/// runtime thread's first contended lock would otherwise register its destructor then, under
+/// the dynamic loader's lock, which a program thread faulting inside `dlopen` may hold while
+/// it waits for this thread (`fetch::warm_thread_locals` says more).
+fn warm_lock_parking() {
+    let m = parking_lot::Mutex::new(());
+    let cv = parking_lot::Condvar::new();
+    let mut g = m.lock();
+    let _ = cv.wait_for(&mut g, std::time::Duration::ZERO);
 }

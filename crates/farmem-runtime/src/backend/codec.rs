@@ -22,6 +22,12 @@ thread_local! {
         const { RefCell::new(None) };
 }
 
+/// Set up this thread's compression contexts' slots now (see `fetch::warm_thread_locals`).
+pub(crate) fn warm_thread_locals() {
+    ZSTD_C.with(|_| ());
+    ZSTD_D.with(|_| ());
+}
+
 impl Codec {
     /// `lz4`, `zstd` (level 3) or `zstd:LEVEL`.
     pub fn parse(s: &str) -> Result<Codec, String> {

@@ -33,6 +33,11 @@ thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = RefCell::new(vec![0; Codec::max_len(PAGE_SIZE)]);
 }
 
+/// Set up this thread's compression buffer now (see `fetch::warm_thread_locals`).
+pub(crate) fn warm_thread_locals() {
+    SCRATCH.with(|_| ());
+}
+
 /// The queue of `put_compressed` pages, and the length at which its stale entries are next
 /// dropped.
 #[derive(Default)]

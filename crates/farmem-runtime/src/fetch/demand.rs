@@ -27,6 +27,12 @@ thread_local! {
     static RECV_AHEAD: RefCell<Option<PageBuf>> = const { RefCell::new(None) };
 }
 
+/// Set up this thread's receive buffers' slots now (see `fetch::warm_thread_locals`).
+pub(crate) fn warm_thread_locals() {
+    RECV.with(|_| ());
+    RECV_AHEAD.with(|_| ());
+}
+
 /// Make `[first, first+count)` present (and writable if asked), plus best-effort read-ahead.
 pub(crate) fn ensure(st: &State, reg: &RegionInfo, req: &Request) -> Result<Outcome> {
     let _local = LocalScope::enter();

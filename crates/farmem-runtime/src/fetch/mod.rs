@@ -22,6 +22,21 @@
 //! Spelling: *read-ahead* is any page fetched beyond the ones demanded; it is asynchronous
 //! when it travels in the backend's prefetch class.
 
+/// Set up every thread-local slot a fetch or an eviction uses, on a runtime thread before it
+/// serves anything. A slot whose value needs dropping registers its destructor at its first
+/// use, and glibc's registration takes the dynamic loader's lock. A program thread inside
+/// `dlopen` holds that lock, and when it touches a far page there (python3 importing a C
+/// module: the loader's `calloc` into the far heap) it waits for the fault thread: a fault
+/// thread making its first read-ahead buffer then waited for the loader's lock for ever
+/// (seen with python3 at 40 MiB, the control thread stuck the same way).
+pub(crate) fn warm_thread_locals() {
+    crate::backend::local::warm_thread_locals();
+    crate::backend::codec::warm_thread_locals();
+    demand::warm_thread_locals();
+    phases::warm_thread_locals();
+    readahead::warm_thread_locals();
+}
+
 pub(crate) mod batches;
 pub(crate) mod demand;
 pub(crate) mod phases;

@@ -44,6 +44,11 @@ thread_local! {
     static SCRATCH: RefCell<Option<PageBuf>> = const { RefCell::new(None) };
 }
 
+/// Set up this thread's scratch buffer's slot now (see `fetch::warm_thread_locals`).
+pub(crate) fn warm_thread_locals() {
+    SCRATCH.with(|_| ());
+}
+
 /// This thread's buffer from `slot` if it holds `pages`, else a new one.
 pub(crate) fn take_buf(slot: BufSlot, pages: usize) -> PageBuf {
     slot.with(|s| match s.borrow_mut().take() {

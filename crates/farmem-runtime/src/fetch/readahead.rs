@@ -56,6 +56,12 @@ thread_local! {
     static BUFS: RefCell<Vec<PageBuf>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Set up this thread's stream and batch buffers' slots now (see `fetch::warm_thread_locals`).
+pub(crate) fn warm_thread_locals() {
+    STREAM.with(|_| ());
+    BUFS.with(|_| ());
+}
+
 fn take_buf(pages: usize) -> PageBuf {
     BUFS.with(|b| {
         let mut v = b.borrow_mut();
