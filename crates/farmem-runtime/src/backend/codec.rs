@@ -3,6 +3,7 @@
 //! default (fast, what zram and zswap default to), or zstd at a level (denser, slower).
 
 use std::cell::RefCell;
+use std::os::raw::c_int;
 
 /// A page compressor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -26,6 +27,11 @@ thread_local! {
 pub(crate) fn warm_thread_locals() {
     ZSTD_C.with(|_| ());
     ZSTD_D.with(|_| ());
+}
+
+/// A length as LZ4's C interface takes it.
+fn c_len(n: usize) -> Option<c_int> {
+    c_int::try_from(n).ok()
 }
 
 impl Codec {
@@ -54,13 +60,29 @@ impl Codec {
 
     /// Room a compressed page may need (output buffers are this long).
     pub(crate) fn max_len(page: usize) -> usize {
-        lz4_flex::block::get_maximum_output_size(page).max(zstd::zstd_safe::compress_bound(page))
+        // SAFETY: a pure function of its argument.
+        let lz4 = unsafe { lz4_sys::LZ4_compressBound(page as c_int) } as usize;
+        lz4.max(zstd::zstd_safe::compress_bound(page))
     }
 
     /// Compress `page` into `out`; its length, or None if it failed.
     pub(crate) fn compress(&self, page: &[u8], out: &mut [u8]) -> Option<usize> {
         match *self {
-            Codec::Lz4 => lz4_flex::block::compress_into(page, out).ok(),
+            Codec::Lz4 => {
+                let (src, cap) = (c_len(page.len())?, c_len(out.len())?);
+                // SAFETY: LZ4 reads `src` bytes of `page` and writes at most `cap` bytes into
+                // `out`, both borrowed for the call; it keeps no pointer (its state is on its
+                // stack). 0 means the output did not fit.
+                let n = unsafe {
+                    lz4_sys::LZ4_compress_default(
+                        page.as_ptr().cast(),
+                        out.as_mut_ptr().cast(),
+                        src,
+                        cap,
+                    )
+                };
+                (n > 0).then_some(n as usize)
+            }
             Codec::Zstd(level) => ZSTD_C.with(|c| {
                 let mut c = c.borrow_mut();
                 if c.as_ref().is_none_or(|(l, _)| *l != level) {
@@ -80,7 +102,25 @@ impl Codec {
     /// Decompress `c` into `out`; the length written.
     pub(crate) fn decompress(&self, c: &[u8], out: &mut [u8]) -> Result<usize, String> {
         match self {
-            Codec::Lz4 => lz4_flex::block::decompress_into(c, out).map_err(|e| e.to_string()),
+            Codec::Lz4 => {
+                let too_long = || format!("{} bytes is too long for LZ4", c.len().max(out.len()));
+                let (src, cap) = (
+                    c_len(c.len()).ok_or_else(too_long)?,
+                    c_len(out.len()).ok_or_else(too_long)?,
+                );
+                // SAFETY: the safe decoder reads at most `src` bytes of `c` and writes at most
+                // `cap` bytes into `out` whatever the input (corrupt input gives a negative
+                // result), both borrowed for the call.
+                let n = unsafe {
+                    lz4_sys::LZ4_decompress_safe(
+                        c.as_ptr().cast(),
+                        out.as_mut_ptr().cast(),
+                        src,
+                        cap,
+                    )
+                };
+                usize::try_from(n).map_err(|_| format!("corrupt LZ4 block (error {n})"))
+            }
             Codec::Zstd(_) => ZSTD_D.with(|d| {
                 let mut d = d.borrow_mut();
                 if d.is_none() {
@@ -118,6 +158,14 @@ mod tests {
             lens[0]
         );
         assert_eq!(Codec::parse("zstd:7"), Ok(Codec::Zstd(7)));
+        // A cut block is an error, never a crash or a short page taken for a whole one (LZ4
+        // has no checksum: other damage may decode to a wrong page, which is why the store
+        // is this process's own memory).
+        let mut c = vec![0; Codec::max_len(4096)];
+        let n = Codec::Lz4.compress(&page, &mut c).expect("compresses");
+        let mut back = vec![0; 4096];
+        assert!(Codec::Lz4.decompress(&c[..n - 1], &mut back) != Ok(4096));
+        assert!(Codec::Lz4.decompress(&c[..n / 2], &mut back) != Ok(4096));
         assert_eq!(Codec::parse("lz4"), Ok(Codec::Lz4));
         assert!(Codec::parse("zstd:0").is_err() && Codec::parse("gzip").is_err());
     }

@@ -22,10 +22,26 @@ use super::slabs::{Slabs, Slot, GRAIN};
 #[derive(Clone, Copy)]
 struct Stored {
     slot: Slot,
-    /// Compressed length, or 0 for a page kept raw (it did not compress below a page).
+    /// Compressed length, 0 for a page kept raw (it did not compress below a page), or
+    /// [`SAME_FILLED`].
     clen: u16,
     /// When it was stored by `put_compressed` (its place in `order`; 0: not queued).
     seq: u32,
+}
+
+/// `clen` of a page whose 8-byte words are all the same (zeros, a memset pattern: zram's
+/// same-filled pages): its slot holds the word and the page is filled back from it, neither
+/// compressed nor decompressed. Never a compressed length (those are below a page).
+const SAME_FILLED: u16 = u16::MAX;
+
+/// The word every 8 bytes of `page` repeat, if they do (most pages differ within a few
+/// words: the test stops at the first difference).
+fn same_filled(page: &[u8]) -> Option<u64> {
+    let mut words = page
+        .chunks_exact(8)
+        .map(|w| u64::from_ne_bytes(w.try_into().expect("chunks of 8 bytes")));
+    let first = words.next()?;
+    (page.len().is_multiple_of(8) && words.all(|w| w == first)).then_some(first)
 }
 
 thread_local! {
@@ -57,6 +73,8 @@ pub struct LocalBackend {
     /// Which neighbourhoods' pages are not worth compressing, and how many pages skipped it.
     guess: Compressibility,
     skipped: AtomicU64,
+    /// Pages stored as one repeated word.
+    same: AtomicU64,
     index: PageIndex<Stored>,
     slabs: Slabs,
 }
@@ -76,6 +94,7 @@ impl LocalBackend {
             codec,
             guess: Compressibility::default(),
             skipped: AtomicU64::new(0),
+            same: AtomicU64::new(0),
             index: PageIndex::new(),
             slabs,
         })
@@ -90,6 +109,22 @@ impl LocalBackend {
         worth
     }
 
+    /// Store page `k` as its repeated word if it is one (only where pages are compressed:
+    /// `local://` measures the mechanism with every page kept as it is).
+    /// Such a page stays here: it is never a candidate for the tiered store's file (`seq` 0).
+    fn store_same_filled(&self, page: &[u8]) -> Option<Stored> {
+        let word = same_filled(page)?;
+        let slot = self.slabs.alloc(8)?;
+        // SAFETY: a fresh slot of at least 8 bytes, ours alone.
+        unsafe { self.slabs.fill(slot, &word.to_ne_bytes()) };
+        self.same.fetch_add(1, Ordering::Relaxed);
+        Some(Stored {
+            slot,
+            clen: SAME_FILLED,
+            seq: 0,
+        })
+    }
+
     /// Store page `k`: compressed if that saves at least a size class, else raw.
     fn store(&self, k: PageKey, page: &[u8]) -> Result<Stored, BackendError> {
         let full = || {
@@ -98,6 +133,11 @@ impl LocalBackend {
                 self.slabs.held_bytes() >> 20
             ))
         };
+        if self.codec.is_some() {
+            if let Some(v) = self.store_same_filled(page) {
+                return Ok(v);
+            }
+        }
         if let Some(codec) = self.codec.filter(|_| self.worth_compressing(k)) {
             let got = SCRATCH.with(|s| {
                 let mut s = s.borrow_mut();
@@ -134,6 +174,12 @@ impl LocalBackend {
     /// has room; `false` if not (nothing stored, any old copy of `k` kept).
     pub(crate) fn put_compressed(&self, k: PageKey, page: &[u8], max_len: usize) -> bool {
         let codec = self.codec.unwrap_or_default();
+        if let Some(v) = self.store_same_filled(page) {
+            if let Some(o) = self.index.insert(k, v) {
+                self.slabs.free(o.slot);
+            }
+            return true;
+        }
         if !self.worth_compressing(k) {
             return false;
         }
@@ -224,7 +270,10 @@ impl LocalBackend {
     pub(crate) fn compress_counters(&self) -> Vec<(&'static str, u64)> {
         match self.codec {
             None => Vec::new(),
-            Some(_) => vec![("compress_skipped", self.skipped.load(Ordering::Relaxed))],
+            Some(_) => vec![
+                ("compress_skipped", self.skipped.load(Ordering::Relaxed)),
+                ("same_filled", self.same.load(Ordering::Relaxed)),
+            ],
         }
     }
 
@@ -264,6 +313,14 @@ impl LocalBackend {
         if s.clen == 0 {
             // SAFETY: the slot is live while its entry is in the shard, whose lock we hold.
             out.copy_from_slice(unsafe { self.slabs.bytes(s.slot, PAGE_SIZE) });
+            return Ok(true);
+        }
+        if s.clen == SAME_FILLED {
+            // SAFETY: as above; the slot holds the 8-byte word.
+            let word = unsafe { self.slabs.bytes(s.slot, 8) };
+            for w in out.chunks_exact_mut(8) {
+                w.copy_from_slice(word);
+            }
             return Ok(true);
         }
         // SAFETY: as above.
@@ -425,5 +482,61 @@ mod tests {
     #[test]
     fn zstd_roundtrip() {
         roundtrip(Some(Codec::Zstd(3)));
+    }
+
+    /// Pages of one repeated word come back whole, through both ways in; a page that
+    /// differs in its last byte only, or repeats a 12-byte pattern, is not
+    /// taken for one.
+    #[test]
+    fn same_filled_pages_are_kept_as_their_word() {
+        let b = LocalBackend::new(Some(Codec::Lz4), 64 << 20).unwrap();
+        let mut pages: Vec<Vec<u8>> = vec![vec![0; PAGE_SIZE], vec![0xff; PAGE_SIZE]];
+        pages.push(
+            (0..PAGE_SIZE / 8)
+                .flat_map(|_| 0x0123_4567_89ab_cdefu64.to_ne_bytes())
+                .collect(),
+        );
+        let mut last = vec![0u8; PAGE_SIZE];
+        last[PAGE_SIZE - 1] = 1;
+        pages.push(last);
+        let twelve: Vec<u8> = (0..PAGE_SIZE / 4)
+            .flat_map(|i| (i as u32 % 3).to_ne_bytes())
+            .collect();
+        pages.push(twelve);
+        let keys: Vec<PageKey> = (0..pages.len() as u64)
+            .map(|p| PageKey { region: 3, page: p })
+            .collect();
+        let mut buf = PageBuf::new(pages.len());
+        buf.set_len(pages.len());
+        for (i, p) in pages.iter().enumerate() {
+            buf.page_mut(i).copy_from_slice(p);
+        }
+        let t = std::time::Duration::from_secs(5);
+        let done = b
+            .submit_write(IoClass::WriteBack, keys.clone(), buf)
+            .wait(t)
+            .unwrap();
+        let got = b
+            .submit_read(IoClass::Demand, keys.clone(), done.buf)
+            .wait(t)
+            .unwrap();
+        for (i, p) in pages.iter().enumerate() {
+            assert_eq!(got.buf.page(i), &p[..], "page {i}");
+        }
+        assert_eq!(b.same.load(Ordering::Relaxed), 3);
+        // The tiered store's way in, over the same keys.
+        for (k, p) in keys.iter().zip(&pages).take(3) {
+            assert!(b.put_compressed(*k, p, 64));
+        }
+        assert_eq!(b.same.load(Ordering::Relaxed), 6);
+        assert!(
+            b.oldest(16, u64::MAX).is_empty(),
+            "kept, never moved to a file"
+        );
+        let mut out = vec![7u8; PAGE_SIZE];
+        for (k, p) in keys.iter().zip(&pages).take(3) {
+            assert!(b.try_read_into(*k, &mut out).unwrap());
+            assert_eq!(out, *p);
+        }
     }
 }
