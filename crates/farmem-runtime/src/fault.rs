@@ -179,7 +179,7 @@ impl FaultServer {
             // budget), so that a growing heap faults once per block, not once per page or per
             // predicted run (CPython building 128 MiB at a budget it fits: 5,772 -> 630
             // faults, 0.46 -> 0.37 s; native 0.34 s).
-            let block_end = (vpn | (FRESH_AROUND - 1)) + 1;
+            let block_end = (vpn | (demand::FRESH_BLOCK - 1)) + 1;
             readahead = readahead.max((block_end - vpn - 1) as isize);
         }
         let req = Request {
@@ -315,9 +315,6 @@ pub(crate) fn run(st: Arc<State>) {
         fds[1].revents = 0;
     }
 }
-
-/// Pages of the block of new memory a fault on fresh memory fills (see [`grows_fresh_memory`]).
-const FRESH_AROUND: usize = 64;
 
 /// Whether a fault at `vpn` is on fresh memory that grows resident memory (the page before
 /// it is present) while the program has never needed more than its budget. Sparse first

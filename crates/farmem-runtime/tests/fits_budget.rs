@@ -66,9 +66,9 @@ fn growing_fresh_memory_faults_once_per_block_and_sparse_touches_take_no_more() 
         let s = rt.stats();
         s.unhinted_faults - s.spurious_faults
     };
-    // A heap growing page by page through 256 KiB: the first page, then its neighbour
-    // (which fills the rest of the 64-page block), then nothing more.
-    for p in 0..64 {
+    // A heap growing page by page through 64 KiB: the first page, then its neighbour
+    // (which fills the rest of the 16-page block), then nothing more.
+    for p in 0..16 {
         wr_at(&r, p * PAGE_SIZE, p as u64 + 1);
     }
     assert_eq!(faults(&rt), 2, "{}", rt.stats());
@@ -85,7 +85,45 @@ fn growing_fresh_memory_faults_once_per_block_and_sparse_touches_take_no_more() 
         20,
         "{after}"
     );
-    for p in 0..64 {
+    for p in 0..16 {
         assert_eq!(rd_at(&r, p * PAGE_SIZE), p as u64 + 1);
     }
+}
+
+/// A predicted stream of writes through fresh memory (fault read-ahead on) zero-fills no
+/// more than the rest of a 16-page block beyond what it wrote: the pages after a block's
+/// end may be memory the program never uses (the room after a large block, the tail of an
+/// allocator's slot), and they would cost the budget. Pages with far copies are still read
+/// ahead past the block.
+#[test]
+fn speculative_zero_fills_stay_within_a_block_of_the_fault() {
+    const PAGES: usize = 300;
+    let rt = runtime(4 << 20, 32, 64);
+    let r = rt.create_region(16 << 20).unwrap();
+    for p in 0..PAGES {
+        wr_at(&r, p * PAGE_SIZE, p as u64 + 1);
+    }
+    let s = rt.stats();
+    // Page 299 is in the block 288..304: at most 4 pages beyond it.
+    assert!(
+        s.pages_installed as usize <= PAGES.next_multiple_of(16),
+        "{PAGES} pages written, {} installed: {s}",
+        s.pages_installed
+    );
+    assert!(s.readahead_pages > 0, "the stream was predicted: {s}");
+    for p in 0..PAGES {
+        assert_eq!(rd_at(&r, p * PAGE_SIZE), p as u64 + 1, "page {p}");
+    }
+    // Far pages are read ahead as before: evict them all, then read them in order.
+    let mut pressure = Pressure::new(&rt, 2048);
+    pressure.evict(&r, 0..PAGES);
+    let before = rt.stats();
+    for p in 0..PAGES {
+        assert_eq!(rd_at(&r, p * PAGE_SIZE), p as u64 + 1, "page {p}");
+    }
+    let after = rt.stats();
+    assert!(
+        after.readahead_pages - before.readahead_pages > (PAGES / 2) as u64,
+        "{after}"
+    );
 }

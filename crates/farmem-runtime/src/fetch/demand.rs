@@ -14,6 +14,7 @@ use crate::backend::io::PageBuf;
 use crate::config::FarCopies;
 use crate::error::{Error, Result};
 use crate::page::table;
+use crate::page::word::PageWord;
 use crate::reclaim;
 use crate::regions::RegionInfo;
 use crate::scope::LocalScope;
@@ -137,26 +138,64 @@ pub(crate) fn ensure(st: &State, reg: &RegionInfo, req: &Request) -> Result<Outc
     Ok(out)
 }
 
-/// Lock read-ahead candidates: absent, unlocked pages of the window inside the region.
+/// Pages of the aligned block of memory a fault may zero-fill beyond the page it needs: a
+/// fault's read-ahead fills fresh pages (never written, nothing far) only inside it. 64
+/// left 11 MiB more resident in the C program below (slot tails), for no time saved.
+pub(crate) const FRESH_BLOCK: usize = 16;
+
+/// Lock read-ahead candidates: absent, unlocked pages of the window inside the region. A
+/// fault's window ends at the first page with nothing far outside the faulting page's
+/// [`FRESH_BLOCK`]: zero-filling is speculation on memory the program may never touch (the
+/// room left after a large block to grow into, the tail of an allocator's slot), and such
+/// pages cost the budget as much as real ones. A C program mixing block sizes (`bench
+/// programs`' c-fork, 128 MiB of data, 131 MiB resident natively) made 160 MiB resident
+/// under farmem with 64-page blocks and read-ahead over fresh memory, 136 MiB now; at its
+/// native peak it evicted 50,000 pages and took 2x native (local+lz4), now 1.0x. CPython
+/// growing 128 MiB: 1,061 -> 2,547 faults, 12 MiB less zero-filled, the same time in
+/// faults. Hints name their range: theirs is taken whole.
 fn lock_readahead(st: &State, reg: &RegionInfo, req: &Request, me: u16, batch: &mut Vec<Locked>) {
     let r = req
         .readahead
         .unsigned_abs()
         .min(st.cfg.max_readahead.max(st.cfg.fault_readahead));
-    let (lo, hi) = if req.readahead > 0 {
-        let lo = req.first + req.count;
-        (lo, (lo + r).min(reg.end_vpn()))
-    } else {
-        (req.first.saturating_sub(r).max(reg.first_vpn()), req.first)
-    };
-    for v in lo..hi {
-        if let Some(o) = table::slot(v).lock_if_absent(me) {
+    let block = (req.first & !(FRESH_BLOCK - 1))..((req.first | (FRESH_BLOCK - 1)) + 1);
+    let speculative =
+        |v: usize, old: PageWord| req.mode == Mode::Fault && !block.contains(&v) && !old.is_far();
+    let start = batch.len();
+    let mut take = |v: usize| {
+        let w = table::slot(v);
+        if speculative(v, w.load()) {
+            return false;
+        }
+        if let Some(o) = w.lock_if_absent(me) {
+            if speculative(v, o) {
+                w.unlock(o);
+                return false;
+            }
             batch.push(Locked {
                 vpn: v,
                 old: o,
                 writable: req.readahead_writable,
             });
         }
+        true
+    };
+    if req.readahead > 0 {
+        let lo = req.first + req.count;
+        for v in lo..(lo + r).min(reg.end_vpn()) {
+            if !take(v) {
+                break;
+            }
+        }
+    } else {
+        // Nearest first, so that the window ends where fresh memory begins; then in address
+        // order, as the batch is installed.
+        for v in (req.first.saturating_sub(r).max(reg.first_vpn())..req.first).rev() {
+            if !take(v) {
+                break;
+            }
+        }
+        batch[start..].reverse();
     }
 }
 
