@@ -3,7 +3,6 @@
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -16,7 +15,6 @@ pub struct LocalServer {
     child: Child,
     pub addr: String,
     secret: String,
-    token_file: PathBuf,
 }
 
 impl LocalServer {
@@ -64,11 +62,18 @@ impl LocalServer {
                 Ok(())
             });
         }
-        let mut child = cmd.spawn().context("starting farmem server")?;
+        let spawned = cmd.spawn().context("starting farmem server");
         let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("piped"))
-            .read_line(&mut line)
-            .context("reading the server's address")?;
+        let read = spawned.and_then(|mut child| {
+            BufReader::new(child.stdout.take().expect("piped"))
+                .read_line(&mut line)
+                .context("reading the server's address")?;
+            Ok(child)
+        });
+        // The server has read its tokens once it prints its address (or it never will): the
+        // file goes now, so that no secret is left behind by a benchmark that is killed.
+        let _ = std::fs::remove_file(&token_file);
+        let mut child = read?;
         let Some(addr) = line.split_whitespace().nth(4) else {
             let _ = child.kill();
             bail!("farmem server did not start: {line:?}");
@@ -77,7 +82,6 @@ impl LocalServer {
             addr: addr.to_string(),
             child,
             secret,
-            token_file,
         })
     }
 
@@ -105,6 +109,5 @@ impl Drop for LocalServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.token_file);
     }
 }

@@ -8,6 +8,7 @@
 
 mod library;
 mod report;
+mod stats_dir;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -376,18 +377,9 @@ fn check_config(local: Option<u64>, backend: &str) -> Result<()> {
     Ok(())
 }
 
-/// A private directory for the statistics files of this run.
+/// A private directory for the statistics files of this run (see `stats_dir.rs`).
 pub fn tempdir() -> Result<PathBuf> {
-    let base = std::env::temp_dir();
-    for i in 0..100u32 {
-        let d = base.join(format!("farmem-run-{}-{i}", std::process::id()));
-        match std::fs::create_dir(&d) {
-            Ok(()) => return Ok(d),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e).with_context(|| format!("creating {}", d.display())),
-        }
-    }
-    bail!("cannot create a statistics directory in {}", base.display())
+    stats_dir::make()
 }
 
 mod signals {
