@@ -38,6 +38,7 @@ mod control;
 mod demotion;
 mod discard;
 mod env;
+mod extents;
 mod fault;
 mod fetch;
 mod fork;

@@ -148,6 +148,7 @@ impl Runtime {
             inflight: Default::default(),
             reclaim_paused: AtomicBool::new(false),
             over_budget_once: AtomicBool::new(false),
+            extents: Default::default(),
             evict_gate: Default::default(),
             release_hook: Default::default(),
             release_called_ns: AtomicU64::new(0),
@@ -382,6 +383,25 @@ impl Runtime {
             rt: self.clone(),
             info,
         })
+    }
+
+    /// `[addr, addr+len)` is an allocation of the program (a large block, an anonymous
+    /// mapping), as its allocator tells: a fault's read-ahead may zero-fill fresh pages up
+    /// to its end, never past it (`extents.rs`). Allocators that say nothing get the small
+    /// block around each fault.
+    pub fn mark_allocated(&self, addr: usize, len: usize) {
+        let first = addr / PAGE_SIZE;
+        self.state()
+            .extents
+            .note(first, addr.saturating_add(len).div_ceil(PAGE_SIZE));
+    }
+
+    /// `[addr, addr+len)` is no longer allocated (see [`Runtime::mark_allocated`]).
+    pub fn mark_freed(&self, addr: usize, len: usize) {
+        let first = addr / PAGE_SIZE;
+        self.state()
+            .extents
+            .forget(first, addr.saturating_add(len).div_ceil(PAGE_SIZE));
     }
 
     /// Discard the contents of the pages of `[addr, addr+len)` that belong to this runtime's

@@ -127,3 +127,42 @@ fn speculative_zero_fills_stay_within_a_block_of_the_fault() {
         "{after}"
     );
 }
+
+/// Inside an allocation the allocator reported, a predicted stream of first writes may
+/// zero-fill ahead up to its end and never past it: a large block fills in few faults, and
+/// the room after it stays untouched. Once freed, the small block applies again.
+#[test]
+fn speculative_zero_fills_run_to_the_end_of_a_known_allocation_and_stop_there() {
+    const PAGES: usize = 1000;
+    let rt = runtime(64 << 20, 32, 256);
+    let r = rt.create_region(16 << 20).unwrap();
+    let base = r.as_ptr() as usize;
+    rt.mark_allocated(base, PAGES * PAGE_SIZE);
+    for p in 0..PAGES {
+        wr_at(&r, p * PAGE_SIZE, p as u64 + 1);
+    }
+    let s = rt.stats();
+    assert_eq!(
+        s.pages_installed as usize, PAGES,
+        "nothing past the allocation's end: {s}"
+    );
+    assert!(
+        (s.unhinted_faults as usize) < PAGES / 16,
+        "fewer faults than one per 16-page block: {s}"
+    );
+    // Freed: a stream over the same pages (discarded, fresh again) gets the block rule.
+    rt.mark_freed(base, PAGES * PAGE_SIZE);
+    rt.discard(base, 2 * PAGES * PAGE_SIZE);
+    let before = rt.stats();
+    for p in 0..300 {
+        wr_at(&r, p * PAGE_SIZE, p as u64 + 7);
+    }
+    let after = rt.stats();
+    assert!(
+        ((after.pages_installed - before.pages_installed) as usize) <= 304,
+        "{after}"
+    );
+    for p in 0..300 {
+        assert_eq!(rd_at(&r, p * PAGE_SIZE), p as u64 + 7, "page {p}");
+    }
+}

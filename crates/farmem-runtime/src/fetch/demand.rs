@@ -138,27 +138,30 @@ pub(crate) fn ensure(st: &State, reg: &RegionInfo, req: &Request) -> Result<Outc
     Ok(out)
 }
 
-/// Pages of the aligned block of memory a fault may zero-fill beyond the page it needs: a
-/// fault's read-ahead fills fresh pages (never written, nothing far) only inside it. 64
-/// left 11 MiB more resident in the C program below (slot tails), for no time saved.
+/// Pages of the aligned block of memory a fault may zero-fill beyond the page it needs,
+/// outside an allocation its allocator told the runtime about (`extents.rs`). 64 left 11
+/// MiB more resident in the C program below (slot tails of mimalloc's and the fine slabs'
+/// blocks), for no time saved.
 pub(crate) const FRESH_BLOCK: usize = 16;
 
 /// Lock read-ahead candidates: absent, unlocked pages of the window inside the region. A
 /// fault's window ends at the first page with nothing far outside the faulting page's
-/// [`FRESH_BLOCK`]: zero-filling is speculation on memory the program may never touch (the
-/// room left after a large block to grow into, the tail of an allocator's slot), and such
-/// pages cost the budget as much as real ones. A C program mixing block sizes (`bench
-/// programs`' c-fork, 128 MiB of data, 131 MiB resident natively) made 160 MiB resident
-/// under farmem with 64-page blocks and read-ahead over fresh memory, 136 MiB now; at its
-/// native peak it evicted 50,000 pages and took 2x native (local+lz4), now 1.0x. CPython
-/// growing 128 MiB: 1,061 -> 2,547 faults, 12 MiB less zero-filled, the same time in
-/// faults. Hints name their range: theirs is taken whole.
+/// allocation (if known) or [`FRESH_BLOCK`]: zero-filling is speculation on memory the
+/// program may never touch (the room left after a large block to grow into, the tail of an
+/// allocator's slot), and such pages cost the budget as much as real ones. A C program
+/// mixing block sizes (`bench programs`' c-fork, 128 MiB of data, 131 MiB resident
+/// natively) made 160 MiB resident under farmem with read-ahead over fresh memory, 136 MiB
+/// now; at its native peak it evicted 50,000 pages and took 2x native (local+lz4), now
+/// 1.0x. Hints name their range: theirs is taken whole.
 fn lock_readahead(st: &State, reg: &RegionInfo, req: &Request, me: u16, batch: &mut Vec<Locked>) {
     let r = req
         .readahead
         .unsigned_abs()
         .min(st.cfg.max_readahead.max(st.cfg.fault_readahead));
-    let block = (req.first & !(FRESH_BLOCK - 1))..((req.first | (FRESH_BLOCK - 1)) + 1);
+    let block = match st.extents.around(req.first) {
+        Some(allocation) => allocation,
+        None => (req.first & !(FRESH_BLOCK - 1))..((req.first | (FRESH_BLOCK - 1)) + 1),
+    };
     let speculative =
         |v: usize, old: PageWord| req.mode == Mode::Fault && !block.contains(&v) && !old.is_far();
     let start = batch.len();

@@ -117,6 +117,10 @@ fn large_resize_in_place(p: usize, new_size: usize) -> bool {
             s.large.insert(p, (new_len, room));
             // Shrinking: the dropped tail must read as zeros when the block grows again.
             let tail = (new_len < len).then(|| (p + new_len, len - new_len));
+            match tail {
+                Some((a, l)) => s.note_allocated(a, l, false),
+                None => s.note_allocated(p, new_len, true),
+            }
             (s.runtime().cloned(), tail)
         } else if s.grow_in_place(p, room, new_len) {
             s.large.insert(p, (new_len, new_len));

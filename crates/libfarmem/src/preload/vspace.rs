@@ -182,6 +182,18 @@ impl Space {
         }
     }
 
+    /// Tell the runtime that `[a, a+len)` is (or is no longer) an allocation, so that its
+    /// speculative zero-fills stop at the end of it (`Runtime::mark_allocated`).
+    pub fn note_allocated(&self, a: usize, len: usize, allocated: bool) {
+        if let Some(rt) = &self.rt {
+            if allocated {
+                rt.mark_allocated(a, len);
+            } else {
+                rt.mark_freed(a, len);
+            }
+        }
+    }
+
     fn remove_free(&mut self, s: usize, l: usize) {
         self.by_addr.remove(&s);
         self.by_size.remove(&(l, s));
@@ -215,6 +227,7 @@ impl Space {
             self.remove_free(fs, fl);
             self.insert_free(fs, a - fs);
             self.insert_free(a + len, fs + fl - (a + len));
+            self.note_allocated(a, usable, true);
             return Some(a);
         }
         let a = align_up(self.top, align);
@@ -228,12 +241,14 @@ impl Space {
         let old_top = self.top;
         self.top = a + len;
         self.insert_free(old_top, a - old_top);
+        self.note_allocated(a, usable, true);
         Some(a)
     }
 
     /// Take back `[a, a+len)` (already discarded by the caller). Parts already free are
     /// left as they are, so a repeated `munmap` cannot hand a range out twice.
     pub fn release(&mut self, a: usize, len: usize) {
+        self.note_allocated(a, len, false);
         let (mut s, mut e) = (a, a + len);
         while let Some((&fs, &fl)) = self.by_addr.range(..=e).next_back() {
             if fs + fl < s {
@@ -254,6 +269,14 @@ impl Space {
 
     /// Grow `[a, a+old)` to `new` bytes in place if the following range is free.
     pub fn grow_in_place(&mut self, a: usize, old: usize, new: usize) -> bool {
+        let grown = self.grow_range(a, old, new);
+        if grown {
+            self.note_allocated(a, new, true);
+        }
+        grown
+    }
+
+    fn grow_range(&mut self, a: usize, old: usize, new: usize) -> bool {
         let (from, to) = (a + old, a + new);
         if from == self.top {
             if to > self.end || self.ensure_usable(from, to - from).is_err() {
