@@ -58,6 +58,9 @@ fn a_program_within_its_budget_keeps_every_page_and_one_beyond_gets_a_free_pool(
 /// installed meanwhile (spurious) is not counted: the demanded page is installed and its
 /// thread woken before the rest of the block, so on a loaded machine the thread can touch
 /// the next page first; that fault then finds it installed (CI saw 3 faults, 1 spurious).
+/// Not always counted as spurious: when the control thread steals it (the fault thread busy
+/// for 500 µs installing the block on a loaded machine), CI saw 3 faults, 0 spurious, 1
+/// stolen, 16 pages installed. So one such fault is allowed; a fault per page (16) is not.
 #[test]
 fn growing_fresh_memory_faults_once_per_block_and_sparse_touches_take_no_more() {
     let rt = runtime(64 << 20, 32, 0);
@@ -71,7 +74,9 @@ fn growing_fresh_memory_faults_once_per_block_and_sparse_touches_take_no_more() 
     for p in 0..16 {
         wr_at(&r, p * PAGE_SIZE, p as u64 + 1);
     }
-    assert_eq!(faults(&rt), 2, "{}", rt.stats());
+    let s = rt.stats();
+    assert!((2..=3).contains(&faults(&rt)), "{s}");
+    assert_eq!(s.pages_installed, 16, "{s}");
     // Sparse touches far apart: one page each.
     let before = rt.stats();
     let faults_before = faults(&rt);
