@@ -73,7 +73,10 @@ int main(void) {
     if (s.bytes_written != s.pages_written_back * PAGE) FAIL("bytes_written != pages_written_back * 4096");
     if (s.hint_calls != s.hint_hits + s.hint_misses) FAIL("hint_calls != hits + misses");
     if (s.peak_resident_pages > s.budget_bytes / PAGE) FAIL("peak resident above the budget");
-    if (s.readahead_pages == 0) FAIL("fm_hint_ex read-ahead did nothing");
+    /* Read ahead by the hint itself (free budget permitting) or by the pipeline of windows
+     * that a stream of FM_SEQ hints keeps in flight: once the pipeline leads, the hints find
+     * their pages on the way, so on a loaded machine the first path may count nothing. */
+    if (s.readahead_pages + s.prefetch_pages == 0) FAIL("fm_hint_ex read-ahead did nothing");
     printf("stats: evicted=%llu written_back=%llu fetched=%llu hint_calls=%llu readahead=%llu\n",
            (unsigned long long)s.pages_evicted, (unsigned long long)s.pages_written_back,
            (unsigned long long)s.pages_fetched, (unsigned long long)s.hint_calls,
