@@ -158,12 +158,13 @@ fn lock_readahead(st: &State, reg: &RegionInfo, req: &Request, me: u16, batch: &
         .readahead
         .unsigned_abs()
         .min(st.cfg.max_readahead.max(st.cfg.fault_readahead));
-    let block = match st.extents.around(req.first) {
+    // Hints name their range: only a fault's window is bounded (no lookup for hints).
+    let block = (req.mode == Mode::Fault).then(|| match st.extents.around(req.first) {
         Some(allocation) => allocation,
         None => (req.first & !(FRESH_BLOCK - 1))..((req.first | (FRESH_BLOCK - 1)) + 1),
-    };
+    });
     let speculative =
-        |v: usize, old: PageWord| req.mode == Mode::Fault && !block.contains(&v) && !old.is_far();
+        |v: usize, old: PageWord| block.as_ref().is_some_and(|b| !b.contains(&v)) && !old.is_far();
     let start = batch.len();
     let mut take = |v: usize| {
         let w = table::slot(v);
