@@ -137,7 +137,7 @@ fn round(st: &Arc<State>, stealer: &mut FaultServer, steal_after: u64) -> bool {
         while st.free_pages() < goal && !st.shutdown.load(Ordering::Acquire) {
             // Under steady pressure a round lasts: the budget follows the other memory.
             process_budget::refresh(st);
-            if reclaim::evict_batch(st, st.cfg.evict_batch) == 0 {
+            if reclaim::evict_batch_if(st, st.cfg.evict_batch, || st.free_pages() < goal) == 0 {
                 std::thread::yield_now();
                 break;
             }
