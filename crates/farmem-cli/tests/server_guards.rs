@@ -29,15 +29,31 @@ fn failed_authentications_slow_their_address_down() {
     let lines_before = server.log().lines().count();
     let attempts = 200;
     let (mut examined, mut refused) = (0, 0);
+    let mut last_examined = Instant::now();
     for i in 0..attempts {
         let mut r = Raw::wrap(connect_from(guesser, &server.addr).unwrap());
         let verdict = r.handshake("victim", &format!("guess-{i}"), p::VERSION_MAX);
         match error_code(&verdict) {
-            Some(ErrorCode::AuthFailed) => examined += 1,
+            Some(ErrorCode::AuthFailed) => {
+                examined += 1;
+                last_examined = Instant::now();
+            }
             Some(ErrorCode::TooBusy) => refused += 1,
             _ => panic!("attempt {i}: {verdict:?}"),
         }
     }
+    // The guesser's address is refused even with the right secret for now; another address
+    // is not slowed down at all. "For now" is the back-off window (100 ms after the first
+    // strike past the free ones): a loaded machine may take longer than that to get here,
+    // and then the right secret is welcome again.
+    let mut r = Raw::wrap(connect_from(guesser, &server.addr).unwrap());
+    let v = r.handshake("victim", SECRET, p::VERSION_MAX);
+    let right_secret_refused = error_code(&v).is_some();
+    if right_secret_refused || last_examined.elapsed() < Duration::from_millis(100) {
+        assert_eq!(error_code(&v), Some(ErrorCode::TooBusy), "{v:?}");
+        assert!(format!("{v:?}").contains("failed authentications"), "{v:?}");
+    }
+    Raw::authenticated(&server.addr, "victim", SECRET);
     eprintln!("{attempts} guesses: {examined} examined, {refused} refused unexamined");
     assert!(
         examined <= 20,
@@ -50,15 +66,8 @@ fn failed_authentications_slow_their_address_down() {
     );
     assert_eq!(
         server.metric("farmem_server_refused_connections_total{reason=\"auth_backoff\"}"),
-        refused as f64
+        (refused + usize::from(right_secret_refused)) as f64
     );
-    // The guesser's address is refused even with the right secret for now; another address
-    // is not slowed down at all.
-    let mut r = Raw::wrap(connect_from(guesser, &server.addr).unwrap());
-    let v = r.handshake("victim", SECRET, p::VERSION_MAX);
-    assert_eq!(error_code(&v), Some(ErrorCode::TooBusy), "{v:?}");
-    assert!(format!("{v:?}").contains("failed authentications"), "{v:?}");
-    Raw::authenticated(&server.addr, "victim", SECRET);
     // A few lines in full, the rest counted (summed up when the interval ends): bounded
     // however many guesses, even if an interval ends during the test.
     let added = server.log().lines().count() - lines_before;

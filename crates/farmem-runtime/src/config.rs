@@ -84,6 +84,9 @@ pub struct Config {
     /// Busy-poll the userfaultfd this long after each event before sleeping in `poll`
     /// (`FARMEM_FAULT_SPIN_US`, default 50). A cross-thread wake-up costs ~20 µs here.
     pub fault_spin_us: u64,
+    /// Run the fault thread on the CPU of the thread whose faults it serves, as
+    /// `SCHED_IDLE` (`FARMEM_FAULT_FOLLOW`, default on; `0`: off). See `placement.rs`.
+    pub fault_follow: bool,
     /// A fault left unserved this long because the fault thread is busy (a long fetch or a
     /// direct reclaim) is stolen and served by the control thread (`FARMEM_STEAL_US`,
     /// default 500).
@@ -186,6 +189,7 @@ impl Default for Config {
             compressor: Default::default(),
             fault_threads: 1,
             fault_spin_us: 50,
+            fault_follow: true,
             steal_after_us: 500,
             prefetch_deadline_us: 20_000,
             io_timeout_s: None,
@@ -255,6 +259,9 @@ impl Config {
         }
         if let Some(v) = env_num("FARMEM_FAULT_SPIN_US")? {
             c.fault_spin_us = v;
+        }
+        if let Some(v) = env("FARMEM_FAULT_FOLLOW") {
+            c.fault_follow = flag(&v);
         }
         if let Some(v) = env_num("FARMEM_STEAL_US")? {
             c.steal_after_us = v;

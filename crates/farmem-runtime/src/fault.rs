@@ -27,6 +27,7 @@ use crate::fetch::readahead;
 use crate::fetch::request::{Mode, Request};
 use crate::gate;
 use crate::page::table;
+use crate::placement::{self, Placement};
 use crate::predict::{Prediction, Predictor};
 use crate::state::State;
 use crate::stats::add;
@@ -50,6 +51,8 @@ pub(crate) struct FaultServer {
     predictor: Option<Predictor>,
     /// `farmem trace` is recording (`crate::fault_log`).
     logging: bool,
+    /// The thread of the last fault read.
+    last_tid: u32,
 }
 
 /// Record a fault for `farmem trace`, with what it needs (read off the page's word now,
@@ -81,6 +84,7 @@ impl FaultServer {
             pending: VecDeque::new(),
             predictor: None,
             logging: fault_log::enabled(),
+            last_tid: 0,
         }
     }
 
@@ -112,6 +116,7 @@ impl FaultServer {
                 reported: false,
             };
             add(&st.stats.c.unhinted_faults, 1);
+            self.last_tid = tid;
             if self.logging {
                 log_fault(&f);
             }
@@ -264,6 +269,7 @@ pub(crate) fn run(st: Arc<State>) {
     // Running: a forked child's handler stops serving faults for it (`fork.rs`).
     st.fault_thread_up.store(true, Ordering::Release);
     let mut server = FaultServer::new();
+    let mut placement = Placement::start(st.cfg.fault_follow && st.cfg.fault_threads == 1);
     let spin = std::time::Duration::from_micros(st.cfg.fault_spin_us);
     let mut last_event = Instant::now();
     let mut fds = [
@@ -289,6 +295,9 @@ pub(crate) fn run(st: Arc<State>) {
         drop(pass);
         if n > 0 {
             last_event = Instant::now();
+            if let Some(p) = placement.as_mut() {
+                p.after_faults(&st.placement, &st.stats.c, server.last_tid, n, st.now_ns());
+            }
             continue;
         }
         if !server.pending.is_empty() {
@@ -296,12 +305,23 @@ pub(crate) fn run(st: Arc<State>) {
             std::thread::yield_now();
             continue;
         }
-        if last_event.elapsed() < spin {
+        // Beside the program it serves, spinning would only keep the program off its CPU.
+        let following = placement.as_ref().is_some_and(|p| p.following());
+        if !following && last_event.elapsed() < spin {
             std::hint::spin_loop();
             continue;
         }
+        if let Some(p) = placement.as_mut() {
+            p.before_sleep();
+        }
+        let timeout = if following { placement::QUIET_MS } else { 1000 };
         // SAFETY: `fds` is a valid array of two pollfd structs.
-        unsafe { libc::poll(fds.as_mut_ptr(), 2, 1000) };
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
+        if ready == 0 && following {
+            if let Some(p) = placement.as_mut() {
+                p.quiet(&st.placement);
+            }
+        }
         if fds[0].revents & libc::POLLNVAL != 0 && !st.shutdown.load(Ordering::Acquire) {
             // The program closed our userfaultfd (daemons that close every descriptor do):
             // the kernel now fills far pages with zeros. Stopping is the only honest choice.

@@ -83,6 +83,10 @@ extern "C" fn prepare() {
         if in_child() {
             return; // a child of a child that brought its pages back: nothing is far here
         }
+        // The child inherits this thread's affinity: not the pin beside the fault thread.
+        for st in registry::live_runtimes() {
+            st.placement.before_fork(st.now_ns());
+        }
         let keep_far = registry::live_runtimes()
             .iter()
             .all(|st| st.backend.fork_keeps_far());

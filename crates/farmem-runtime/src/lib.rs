@@ -44,6 +44,7 @@ mod fetch;
 mod fork;
 mod gate;
 mod page;
+mod placement;
 mod policy;
 mod predict;
 mod process_budget;
@@ -56,6 +57,7 @@ mod thread;
 mod watchdog;
 mod workers;
 mod workingset;
+mod write_guess;
 
 pub use backend::{
     check_far_dir, compressed_max, default_far_dir, far_file_max, BackendSpec, TcpSpec,

@@ -393,7 +393,16 @@ fn verify(st: &State, victims: &mut [Victim]) {
         if st.keeps_digests() && (v.old.has_far_copy() || v.old.ever_written()) {
             v.digest = digest::of(page);
         }
-        let same = v.digest != 0 && v.digest == digest::stored(v.vpn);
+        let stored = digest::stored(v.vpn);
+        let same = v.digest != 0 && v.digest == stored;
+        if v.digest != 0 && stored != 0 {
+            // A stay after a fetch for reading whose writes are now known: evidence for
+            // how its neighbourhood's next fetches are installed.
+            st.write_guess.installed_protected(v.vpn, 1);
+            if !same {
+                st.write_guess.written(v.vpn);
+            }
+        }
         if same && v.old.has_far_copy() {
             v.old = v.old.found_unchanged();
             unchanged += 1;

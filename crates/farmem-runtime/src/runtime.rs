@@ -61,6 +61,8 @@ impl Drop for Owner {
         for t in threads {
             let _ = t.join();
         }
+        // The program thread pinned beside the fault thread gets its own CPUs back.
+        self.st.placement.release_program();
         if self.st.cfg.stats_at_exit {
             eprintln!("{}", self.st.report());
         }
@@ -127,6 +129,8 @@ impl Runtime {
             // Recency policies put a fault's pages on probation unless they are refaults
             // of the working set.
             workingset: WorkingSet::new(cfg.policy != PolicyKind::Fifo, cfg.budget_pages()),
+            write_guess: Default::default(),
+            placement: Default::default(),
             cfg,
             uffd,
             unmapper: Unmapper::new(),
@@ -233,11 +237,39 @@ impl Runtime {
         if registry::in_child() || std::process::id() != self.owner.st.pid.load(Ordering::Relaxed) {
             return;
         }
+        // An exec keeps the thread's affinity: not the pin beside the fault thread.
+        self.owner.st.placement.release_program();
         // On a program thread that may fault on far memory: what the wait allocates (its
         // first park's thread-local record) must stay local, or it faults holding the lock
         // its answer needs.
         let _scope = RuntimeScope::enter();
         self.owner.st.backend.release_at_exit(release);
+    }
+
+    /// The calling thread is about to start a thread (`thread`) or a process, which would
+    /// inherit its CPU affinity: if the runtime pinned it beside its fault thread
+    /// (`FARMEM_FAULT_FOLLOW`), its own affinity comes back first. The transparent mode calls
+    /// this from `pthread_create`, `posix_spawn`, `vfork`, `system` and `popen`; `fork` and
+    /// the `exec` family are covered by the runtime itself.
+    pub fn before_spawn(&self, thread: bool) {
+        let st = &self.owner.st;
+        st.placement.before_spawn(thread, st.now_ns(), &st.stats.c);
+    }
+
+    /// The CPU affinity thread `tid` (0: the caller) had before the runtime pinned it beside
+    /// its fault thread, if it did: the transparent mode's `sched_getaffinity` reports it,
+    /// so that the pin does not shrink what the program believes it may use (the threads
+    /// `sort` or `nproc` count).
+    pub fn own_affinity(&self, tid: u32) -> Option<libc::cpu_set_t> {
+        self.owner.st.placement.own_affinity(tid)
+    }
+
+    /// The program is about to set the CPU affinity of thread `tid` (0: the caller): the
+    /// runtime forgets its own pin of that thread, if any, and leaves it alone for a while.
+    pub fn program_sets_affinity(&self, tid: u32) {
+        let st = &self.owner.st;
+        st.placement
+            .program_sets_affinity(tid, st.now_ns(), &st.stats.c);
     }
 
     /// Have the control thread call `release` to get memory the embedding holds but no

@@ -89,6 +89,10 @@ pub(crate) struct State {
     pub evict_gate: RwLock<()>,
     /// The eviction clock and the refault rules (see `workingset.rs`).
     pub workingset: WorkingSet,
+    /// Which neighbourhoods write the pages they read (`write_guess.rs`).
+    pub write_guess: crate::write_guess::WriteGuess,
+    /// Where the fault thread runs (`placement.rs`).
+    pub placement: crate::placement::Shared,
     /// Longest wait for one backend answer ([`Config::io_timeout_s`], or the backend's own).
     pub io_timeout: Duration,
     /// The process the runtime serves: the one that started it, or the forked child that
@@ -109,10 +113,13 @@ pub(crate) struct State {
 
 impl State {
     /// Are page digests worth taking at eviction? They tell an unverified page that equals
-    /// its far copy; where fetched pages lose their far copy (`FarCopies::Drop`) every
-    /// evicted page is written back, and only the all-zeros check is of use.
+    /// its far copy, which is then dropped without a write-back; where fetched pages lose
+    /// their far copy (`FarCopies::Drop`) every evicted page is written back, but the digest
+    /// still tells whether the page was written during its stay: whether its next fetch
+    /// should install it writable (`WROTE_LAST`, `write_guess.rs`). XXH3 of a page costs
+    /// ~0.3 us, against the write-protect ioctl a needless writable install costs.
     pub(crate) fn keeps_digests(&self) -> bool {
-        self.cfg.writable_install && self.far_copies != FarCopies::Drop
+        self.cfg.writable_install
     }
 
     pub fn now_ns(&self) -> u64 {

@@ -105,6 +105,8 @@ counters! {
     recent_refaults: "Pages a fault brought back less than one budget of evictions after their eviction (the working set: recency policies keep them a pass longer).",
     prefetch_dropped_late: "Read-ahead pages the far tier dropped unread: they could not arrive before their stream passed them.",
     watchdog_reports: "Page faults the watchdog reported as waiting longer than FARMEM_WATCHDOG_S.",
+    fault_thread_moves: "Moves of the fault thread to the CPU of the thread whose faults it serves.",
+    follow_pauses: "Times the fault thread stopped following the faulting threads (they fault on several CPUs, or it starved beside a busy thread).",
 }
 
 pub(crate) struct Stats {

@@ -69,7 +69,7 @@ pub(crate) fn run(st: Arc<State>) {
                 ),
             );
         }
-        if events_waiting(&st) {
+        if st.uffd.has_events() {
             let since = *unread_since.get_or_insert_with(Instant::now);
             if since.elapsed() > bound && !reported_unread {
                 reported_unread = true;
@@ -87,17 +87,4 @@ pub(crate) fn run(st: Arc<State>) {
             reported_unread = false;
         }
     }
-}
-
-/// Whether fault events are waiting to be read on the userfaultfd (a poll that consumes
-/// nothing).
-fn events_waiting(st: &State) -> bool {
-    let mut fd = libc::pollfd {
-        fd: st.uffd.raw(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, no wait.
-    let n = unsafe { libc::poll(&mut fd, 1, 0) };
-    n > 0 && fd.revents & libc::POLLIN != 0
 }

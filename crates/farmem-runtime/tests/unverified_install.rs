@@ -1,7 +1,8 @@
 //! Pages installed writable without write tracking ("unverified": written during their last
-//! stay, or zero fills): their writes cost no fault, and eviction decides by their contents
-//! whether they changed. No write may be lost that way, no unchanged page is written back,
-//! and a page written to zeros is never mistaken for one that needs its old far copy.
+//! stay after a fetch, in a neighbourhood that writes what it reads, or zero fills): their
+//! writes cost no fault, and eviction decides by their contents whether they changed. No
+//! write may be lost that way, no unchanged page is written back, and a page written to
+//! zeros is never mistaken for one that needs its old far copy.
 //!
 //! Far copies are kept here (as a remote tier keeps them): an embedded store forgets the copy
 //! of a page installed writable, so there would be nothing to compare with.
@@ -44,6 +45,28 @@ fn written_pages_come_back_writable_and_only_changed_ones_are_written_back() {
         fill_page(&r, p, |w| pattern(1, p, w));
     }
     pressure.evict(&r, 0..N);
+    // Fetched by reads after a stay that began as a zero fill: its writes only initialised
+    // the pages, so they come back write-protected, and their first writes fault.
+    let t0 = rt.stats();
+    for p in 0..N {
+        check(&r, p, 1);
+    }
+    let t1 = rt.stats();
+    assert_eq!(t1.pages_fetched - t0.pages_fetched, N as u64, "{t1}");
+    assert_eq!(t1.unverified_installs, t0.unverified_installs, "{t1}");
+    for p in 0..N {
+        fill_page(&r, p, |w| pattern(1, p, w));
+    }
+    let mut t2 = rt.stats();
+    for _ in 0..100 {
+        if t2.wp_faults - t1.wp_faults >= N as u64 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        t2 = rt.stats();
+    }
+    assert_eq!(t2.wp_faults - t1.wp_faults, N as u64, "{t2}");
+    pressure.evict(&r, 0..N);
     let s0 = rt.stats();
     // Fetched by reads: written last time, so installed writable.
     for p in 0..N {
@@ -80,27 +103,25 @@ fn written_pages_come_back_writable_and_only_changed_ones_are_written_back() {
     for p in 0..N {
         check(&r, p, if p % 2 == 0 { 2 } else { 1 });
     }
-    // The unchanged half now comes back write-protected (its first write is a fault), the
-    // written half writable again.
+    // The written half comes back writable again; the unchanged half too where their
+    // neighbourhood writes what it reads (`write_guess`: here half of it does), else
+    // write-protected, its first write then a fault. Each page is one or the other.
     let s4 = rt.stats();
-    assert_eq!(
-        s4.unverified_installs - s3.unverified_installs,
-        N as u64 / 2,
-        "{s4}"
-    );
+    let writable = s4.unverified_installs - s3.unverified_installs;
+    assert!(writable >= N as u64 / 2, "{s4}");
     for p in 0..N {
         fill_page(&r, p, |w| pattern(3, p, w));
     }
     // (The count of the last write-protect fault may land just after its write resumed.)
     let mut s5 = rt.stats();
     for _ in 0..100 {
-        if s5.wp_faults - s4.wp_faults >= N as u64 / 2 {
+        if s5.wp_faults - s4.wp_faults + writable >= N as u64 {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
         s5 = rt.stats();
     }
-    assert_eq!(s5.wp_faults - s4.wp_faults, N as u64 / 2, "{s5}");
+    assert_eq!(s5.wp_faults - s4.wp_faults + writable, N as u64, "{s5}");
     pressure.evict(&r, 0..N);
     for p in 0..N {
         check(&r, p, 3);

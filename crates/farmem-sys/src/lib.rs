@@ -7,6 +7,7 @@ pub mod host;
 pub mod mem;
 pub mod process;
 pub mod random;
+pub mod sched;
 pub mod secret_file;
 pub mod signals;
 pub mod uffd;

@@ -311,6 +311,18 @@ impl Uffd {
         }
         Ok(n as usize / std::mem::size_of::<UffdMsg>())
     }
+
+    /// Whether events wait to be read (a poll that does not wait).
+    pub fn has_events(&self) -> bool {
+        let mut fd = libc::pollfd {
+            fd: self.raw(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no wait.
+        let n = unsafe { libc::poll(&mut fd, 1, 0) };
+        n > 0 && fd.revents & libc::POLLIN != 0
+    }
 }
 
 #[cfg(test)]

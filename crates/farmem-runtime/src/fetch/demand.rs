@@ -95,6 +95,7 @@ pub(crate) fn ensure(st: &State, reg: &RegionInfo, req: &Request) -> Result<Outc
                     return Err(Error::sys("lifting write protection", e));
                 }
                 new = old.unprotected();
+                st.write_guess.written(vpn);
                 if old.has_far_copy() && st.far_copies != FarCopies::Keep {
                     // Its far copy is outdated from this write on: free it now.
                     st.backend.forget(&[PageKey {

@@ -156,21 +156,21 @@ pub(crate) fn release_unread(st: &State, pages: &[Locked]) {
 }
 
 /// How to install a locked page: written if asked; else writable and unverified when its
-/// first write is likely (it was written during its last stay) or it is a zero fill (a page
-/// that stays all zeros is dropped at eviction without a write-back), so that the write
-/// costs no fault; else write-protected. Unverified pages cost a digest at eviction instead
-/// (`reclaim.rs`), far less than a write-protect fault (~15 µs here).
+/// first write is likely (it was written during its last stay, or its neighbourhood writes
+/// what it reads: `write_guess.rs`) or it is a zero fill (a page that stays all zeros is
+/// dropped at eviction without a write-back), so that the write costs no fault; else
+/// write-protected, so that its eviction, if it is not written, needs no write-protect
+/// ioctl (a TLB shootdown of the program's CPUs) and, where its far copy is kept, no write.
 ///
-/// Where far copies are dropped at the fetch, every fetched page is unverified: it has no far
-/// copy left to be equal to, so it is written back at eviction whether it changed or not, and
-/// write-protecting it would only buy a fault on its first write. sqlite at half its peak
-/// (`local+lz4://`): 326K of 1.37M faults were such writes to pages fetched for reading
-/// (44% of them), 35-37 s; all writable: 1.05M faults, 26-30 s.
+/// Every fetched page used to be unverified where far copies are dropped at the fetch (it
+/// is written back at eviction anyway): sqlite at half its peak lost 326K write-protect
+/// faults of 1.37M, but read-only data paid a shootdown per eviction (the suite's kvs at
+/// 50%: 6.2-6.7 s, against 4.3-4.6 s write-protected).
 fn access_for(st: &State, l: &Locked) -> Access {
     if l.writable {
         Access::Written
     } else if st.cfg.writable_install
-        && (st.far_copies == FarCopies::Drop || l.old.wrote_last() || !l.old.has_far_copy())
+        && (l.old.wrote_last() || !l.old.has_far_copy() || st.write_guess.likely_written(l.vpn))
     {
         Access::Unverified
     } else {
@@ -216,19 +216,19 @@ pub(crate) fn install_phase(
     };
 
     let mut packed = 0usize; // index of the next fetched page in `received`
+                             // Decided once per page: the guess may change while the runs are installed.
+    let access: Vec<Access> = pages.iter().map(|l| access_for(st, l)).collect();
     let mut i = 0;
     while i < pages.len() {
         // A run: consecutive pages with the same protection.
-        let first = access_for(st, &pages[i]);
-        let writable = first.writable();
-        let mut unverified = (first == Access::Unverified) as u64;
+        let writable = access[i].writable();
+        let mut unverified = (access[i] == Access::Unverified) as u64;
         let mut j = i + 1;
         while j < pages.len() && pages[j].vpn == pages[j - 1].vpn + 1 {
-            let a = access_for(st, &pages[j]);
-            if a.writable() != writable {
+            if access[j].writable() != writable {
                 break;
             }
-            unverified += (a == Access::Unverified) as u64;
+            unverified += (access[j] == Access::Unverified) as u64;
             j += 1;
         }
         let run = &pages[i..j];
@@ -297,8 +297,12 @@ pub(crate) fn install_phase(
                 .collect();
             forgotten = st.backend.forget_fetched(&keys);
         }
+        if !writable && remote > 0 {
+            st.write_guess
+                .installed_protected(run[0].vpn, remote as u32);
+        }
         let mut remote_i = 0;
-        for l in run {
+        for (l, &a) in run.iter().zip(&access[i..j]) {
             let hotness = if req.mode == Mode::Fault {
                 let (h, recent) = st.workingset.at_fault_install(l.old);
                 if recent {
@@ -308,7 +312,7 @@ pub(crate) fn install_phase(
             } else {
                 Hotness::Used
             };
-            let mut new = l.old.installed(access_for(st, l), req.prio, hotness);
+            let mut new = l.old.installed(a, req.prio, hotness);
             if l.old.has_far_copy() {
                 if forgotten.get(remote_i) == Some(&true) {
                     new = new.far_copy_taken();

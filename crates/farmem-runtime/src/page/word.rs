@@ -3,11 +3,12 @@
 //! ```text
 //!  63 62 61 60 59                            32 31              16 15 14 13 12 10 9 8 7 6 5 4 3 2 1 0
 //! ┌─────┬─────┬────────────────────────────────┬──────────────────┬─┬─┬─┬─────┬─┬─┬─┬─┬─┬─┬─┬─┬─┬─┐
-//! │CREDT│LEVEL│ SHADOW (eviction clock, 28 b)  │ OWNER (lock id)  │-│L│U│PRIO │W│R│E│I│V│L│D│G│N│A│
+//! │CREDT│LEVEL│ SHADOW (eviction clock, 28 b)  │ OWNER (lock id)  │F│L│U│PRIO │W│R│E│I│V│L│D│G│N│A│
 //! └─────┴─────┴────────────────────────────────┴──────────────────┴─┴─┴─┴─────┴─┴─┴─┴─┴─┴─┴─┴─┴─┴─┘
 //!  A ABSENT  N NOWRITE  G REGISTERED  D DIRTY  L LOCKED  V EVICTING  I IDLE
 //!  E EVER_WRITTEN  R REMOTE  W WAITERS
 //!  U UNVERIFIED (writable, changes decided at eviction)  L WROTE_LAST (bit 14)
+//!  F FILLED (this stay began with a zero fill)
 //! ```
 //!
 //! The flag sense is chosen for the inline hint (`include/farmem.h`, [`crate::hint`]):
@@ -61,6 +62,11 @@ const UNVERIFIED: u64 = 1 << 13;
 /// Written during its last stay in local memory (kept while far): its next fetch installs
 /// it writable and unverified, so its first write costs no fault.
 const WROTE_LAST: u64 = 1 << 14;
+/// This stay began with a zero fill (the page had no far copy): its writes initialise the
+/// page and say nothing of the writes to come, so its eviction does not set `WROTE_LAST`.
+/// Data written once and then only read (a table loaded, then looked up) would otherwise
+/// come back writable after its first eviction and cost that eviction's write-protect.
+const FILLED: u64 = 1 << 15;
 /// Eviction priority given by the last hint (`ev_prio`), 0..=7.
 const PRIO_SHIFT: u32 = 10;
 const PRIO_MASK: u64 = 0x7 << PRIO_SHIFT;
@@ -259,8 +265,13 @@ impl PageWord {
     #[inline]
     pub(crate) fn installed(self, access: Access, prio: u8, hotness: Hotness) -> PageWord {
         let keep = self.0
-            & !(ABSENT | NOWRITE | DIRTY | UNVERIFIED | IDLE | PRIO_MASK)
+            & !(ABSENT | NOWRITE | DIRTY | UNVERIFIED | IDLE | PRIO_MASK | FILLED)
             & !(SHADOW_MASK | LEVEL_MASK | CREDIT_MASK);
+        let keep = if self.has_far_copy() {
+            keep
+        } else {
+            keep | FILLED
+        };
         let mut new = match access {
             Access::Written => keep | DIRTY | EVER_WRITTEN,
             Access::Protected => keep | NOWRITE,
@@ -341,10 +352,10 @@ impl PageWord {
         // Written during this stay: dirty and mapped writable when the eviction locked it (a
         // page installed write-protected becomes writable at its first write). A dirty page
         // still protected was only read: its far copy was forgotten when it was fetched.
-        new &= !WROTE_LAST;
+        new &= !(WROTE_LAST | FILLED);
         if self.is_dirty() {
             new |= REMOTE | EVER_WRITTEN;
-            if self.is_writable() {
+            if self.is_writable() && self.0 & FILLED == 0 {
                 new |= WROTE_LAST;
             }
         }
@@ -437,7 +448,13 @@ mod tests {
         assert!(!zero.ever_written(), "not known to be written");
         let gone = zero.evicting().found_zero().evicted(1);
         assert!(!gone.is_far() && !gone.wrote_last(), "zeros again: fresh");
-        let written = zero.evicting().evicted(2);
+        let filled = zero.evicting().evicted(2);
+        assert!(filled.has_far_copy() && filled.ever_written());
+        assert!(!filled.wrote_last(), "written when zero-filled: no history");
+        let written = filled
+            .installed(Access::Unverified, 0, Hotness::Used)
+            .evicting()
+            .evicted(2);
         assert!(written.has_far_copy() && written.ever_written() && written.wrote_last());
         assert!(!written.is_unverified());
         let back = written.installed(Access::Unverified, 0, Hotness::Used);
@@ -450,7 +467,15 @@ mod tests {
     /// protection, written back at its eviction, and remembered as written only if it was.
     #[test]
     fn a_page_whose_far_copy_is_taken_is_written_back_and_keeps_its_write_history() {
-        let far = PageWord::FRESH
+        let filled = PageWord::FRESH
+            .installed(Access::Written, 0, Hotness::Used)
+            .evicting()
+            .evicted(1);
+        assert!(
+            filled.has_far_copy() && !filled.wrote_last(),
+            "a zero fill's writes initialise the page: no history"
+        );
+        let far = filled
             .installed(Access::Written, 0, Hotness::Used)
             .evicting()
             .evicted(1);

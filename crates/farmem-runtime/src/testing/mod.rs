@@ -53,8 +53,9 @@ pub fn runtime(local_mem: u64, evict_batch: usize, fault_readahead: usize) -> Ru
     runtime_with(local_mem, evict_batch, fault_readahead, None)
 }
 
-/// As [`runtime`], with far copies kept (as over TCP): only then are pages fetched for
-/// reading installed write-protected, so that their first write traps.
+/// As [`runtime`], with far copies kept (as over TCP): a page fetched for reading keeps its
+/// far copy whatever it is installed as, and an unchanged page is dropped at its eviction
+/// without a write-back.
 pub fn runtime_keeping_far_copies(
     local_mem: u64,
     evict_batch: usize,

@@ -13,12 +13,14 @@
 //! back to glibc. Without `FARMEM_PRELOAD` (a program linked with the C API only) nothing is
 //! redirected.
 
+mod affinity;
 mod exits;
 mod fine;
 mod malloc;
 mod mi;
 mod mmap;
 mod report;
+mod spawn;
 mod statics;
 mod threads;
 pub mod vspace;

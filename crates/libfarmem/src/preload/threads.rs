@@ -51,6 +51,11 @@ pub unsafe extern "C" fn pthread_create(
     // SAFETY: `f` is glibc's pthread_create, which has exactly this signature.
     let create: CreateFn = unsafe { std::mem::transmute::<usize, CreateFn>(f) };
     let for_runtime = scope::keeps_local();
+    if !for_runtime {
+        // A program thread the runtime pinned beside its fault thread gets its own affinity
+        // back before its new thread inherits it.
+        super::spawn::before_spawn(true);
+    }
     let _local = LocalScope::enter();
     if !for_runtime {
         // SAFETY: the caller's arguments, passed through.
