@@ -84,9 +84,13 @@ pub struct Config {
     /// Busy-poll the userfaultfd this long after each event before sleeping in `poll`
     /// (`FARMEM_FAULT_SPIN_US`, default 50). A cross-thread wake-up costs ~20 µs here.
     pub fault_spin_us: u64,
-    /// Run the fault thread on the CPU of the thread whose faults it serves, as
-    /// `SCHED_IDLE` (`FARMEM_FAULT_FOLLOW`, default on; `0`: off). See `placement.rs`.
+    /// With one fault thread, pin it and a program thread that faults alone to that thread's
+    /// CPU (`FARMEM_FAULT_FOLLOW`, default on; `0`: off). See `placement.rs`.
     pub fault_follow: bool,
+    /// While the fault thread follows a program thread, the control thread hands eviction's
+    /// write-protects to it, so that their TLB flushes stay on the program's CPU
+    /// (`FARMEM_PROTECT_HANDOFF`, default on; `0`: off). See `protect_handoff.rs`.
+    pub protect_handoff: bool,
     /// A fault left unserved this long because the fault thread is busy (a long fetch or a
     /// direct reclaim) is stolen and served by the control thread (`FARMEM_STEAL_US`,
     /// default 500).
@@ -190,6 +194,7 @@ impl Default for Config {
             fault_threads: 1,
             fault_spin_us: 50,
             fault_follow: true,
+            protect_handoff: true,
             steal_after_us: 500,
             prefetch_deadline_us: 20_000,
             io_timeout_s: None,
@@ -262,6 +267,9 @@ impl Config {
         }
         if let Some(v) = env("FARMEM_FAULT_FOLLOW") {
             c.fault_follow = flag(&v);
+        }
+        if let Some(v) = env("FARMEM_PROTECT_HANDOFF") {
+            c.protect_handoff = flag(&v);
         }
         if let Some(v) = env_num("FARMEM_STEAL_US")? {
             c.steal_after_us = v;

@@ -266,6 +266,7 @@ pub(crate) fn serve_until(st: &State, done: impl Fn() -> bool) {
 /// Main loop of a fault thread.
 pub(crate) fn run(st: Arc<State>) {
     crate::fetch::warm_thread_locals();
+    crate::protect_handoff::mark_fault_thread();
     // Running: a forked child's handler stops serving faults for it (`fork.rs`).
     st.fault_thread_up.store(true, Ordering::Release);
     let mut server = FaultServer::new();
@@ -287,6 +288,7 @@ pub(crate) fn run(st: Arc<State>) {
     while !st.shutdown.load(Ordering::Acquire) {
         let pass = gate::enter();
         st.fault_busy_since.store(st.now_ns(), Ordering::Release);
+        st.protect_handoff.serve(&st.handoff_cx());
         let n = server.poll_events(&st);
         server.retry_pending(&st);
         // Prefetches that have arrived are mapped now, before the program reaches them.
@@ -295,8 +297,10 @@ pub(crate) fn run(st: Arc<State>) {
         drop(pass);
         if n > 0 {
             last_event = Instant::now();
+            st.protect_handoff.faults_read(st.now_ns());
             if let Some(p) = placement.as_mut() {
                 p.after_faults(&st.placement, &st.stats.c, server.last_tid, n, st.now_ns());
+                st.protect_handoff.set_following(p.following());
             }
             continue;
         }
@@ -320,6 +324,7 @@ pub(crate) fn run(st: Arc<State>) {
         if ready == 0 && following {
             if let Some(p) = placement.as_mut() {
                 p.quiet(&st.placement);
+                st.protect_handoff.set_following(false);
             }
         }
         if fds[0].revents & libc::POLLNVAL != 0 && !st.shutdown.load(Ordering::Acquire) {

@@ -48,6 +48,7 @@ mod placement;
 mod policy;
 mod predict;
 mod process_budget;
+mod protect_handoff;
 mod reclaim;
 mod region;
 mod regions;

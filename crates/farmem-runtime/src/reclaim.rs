@@ -261,13 +261,9 @@ fn evict_step(st: &State, cands: &[usize]) -> usize {
             .iter()
             .filter(|v| v.old.is_dirty() && v.old.is_writable())
             .map(|v| v.vpn);
-        let mut wp_failed = false;
-        for (start, len) in ranges_of(writable) {
-            if let Err(e) = st.uffd.writeprotect(start, len, true) {
-                tracing::error!("write-protecting pages for eviction failed: {e}");
-                wp_failed = true;
-            }
-        }
+        let wp_failed = !st
+            .protect_handoff
+            .protect(&st.handoff_cx(), &ranges_of(writable));
         if !wp_failed {
             verify(st, &mut victims);
         }

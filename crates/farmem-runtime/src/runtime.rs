@@ -130,6 +130,7 @@ impl Runtime {
             // of the working set.
             workingset: WorkingSet::new(cfg.policy != PolicyKind::Fifo, cfg.budget_pages()),
             write_guess: Default::default(),
+            protect_handoff: Default::default(),
             placement: Default::default(),
             cfg,
             uffd,

@@ -91,6 +91,8 @@ pub(crate) struct State {
     pub workingset: WorkingSet,
     /// Which neighbourhoods write the pages they read (`write_guess.rs`).
     pub write_guess: crate::write_guess::WriteGuess,
+    /// Eviction's write-protects handed to the fault thread (`protect_handoff.rs`).
+    pub protect_handoff: crate::protect_handoff::ProtectHandoff,
     /// Where the fault thread runs (`placement.rs`).
     pub placement: crate::placement::Shared,
     /// Longest wait for one backend answer ([`Config::io_timeout_s`], or the backend's own).
@@ -163,6 +165,18 @@ impl State {
     /// more than its budget once, and fewer than `free_target` pages are free.
     pub fn wants_free_pages(&self) -> bool {
         self.free_pages() < self.free_target() && self.over_budget_once.load(Ordering::Relaxed)
+    }
+
+    /// What `protect_handoff` needs of this state.
+    pub(crate) fn handoff_cx(&self) -> crate::protect_handoff::Context<'_> {
+        crate::protect_handoff::Context {
+            uffd: &self.uffd,
+            wake_fd: std::os::fd::AsRawFd::as_raw_fd(&self.wake_fd),
+            shutdown: &self.shutdown,
+            stats: &self.stats.c,
+            enabled: self.cfg.protect_handoff,
+            now_ns: self.now_ns(),
+        }
     }
 
     /// Ask the control thread to reclaim (cheap when it is already awake).

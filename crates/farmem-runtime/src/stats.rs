@@ -107,6 +107,8 @@ counters! {
     watchdog_reports: "Page faults the watchdog reported as waiting longer than FARMEM_WATCHDOG_S.",
     fault_thread_moves: "Moves of the fault thread to the CPU of the thread whose faults it serves.",
     follow_pauses: "Times the fault thread stopped following the faulting threads (they fault on several CPUs, or it starved beside a busy thread).",
+    protect_handoffs: "Evictions whose write-protects the fault thread made on the program's CPU for the control thread.",
+    protect_handoffs_withdrawn: "Of those offered, the ones the fault thread did not take in time (the control thread made them).",
 }
 
 pub(crate) struct Stats {

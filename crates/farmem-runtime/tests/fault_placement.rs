@@ -205,3 +205,48 @@ fn faults_are_served_while_the_followed_thread_keeps_its_cpu_busy() {
     let s = beside_a_busy_thread(None, 5);
     assert!(s.unhinted_faults > 4000, "{s}");
 }
+
+/// While the fault thread follows a thread that writes at random over four times its
+/// budget, the control thread hands the write-protects of its evictions to the fault thread
+/// (`protect_handoff.rs`): every page must still hold its last write, word for word.
+#[test]
+fn handed_over_write_protects_lose_no_write() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let Some((_, cpu)) = two_cpus() else { return };
+    let rt = runtime(512);
+    let pages = 2048;
+    let r = Arc::new(rt.create_region(pages * PAGE_SIZE).unwrap());
+    let r2 = Arc::clone(&r);
+    let versions = on_cpu(cpu, move || {
+        let mut version = vec![0u64; pages];
+        let mut x = 12345u64;
+        for _ in 0..40_000 {
+            x = mix(x);
+            let p = (x as usize) % pages;
+            version[p] += 1;
+            let (p_, v) = (p as u64, version[p]);
+            // Two words per write, at either end of the page: a torn or stale page shows.
+            wr_at(&r2, p * PAGE_SIZE, mix(p_ ^ v << 32));
+            wr_at(&r2, p * PAGE_SIZE + PAGE_SIZE - 8, mix(p_ ^ v << 32) ^ 1);
+        }
+        version
+    })
+    .join()
+    .unwrap();
+    for (p, &v) in versions.iter().enumerate() {
+        let want = if v == 0 { 0 } else { mix(p as u64 ^ v << 32) };
+        assert_eq!(rd_at(&r, p * PAGE_SIZE), want, "page {p}, version {v}");
+        let last = if v == 0 { 0 } else { want ^ 1 };
+        assert_eq!(
+            rd_at(&r, p * PAGE_SIZE + PAGE_SIZE - 8),
+            last,
+            "page {p} end"
+        );
+    }
+    let s = rt.stats();
+    assert!(s.pages_written_back > 10_000, "dirty evictions: {s}");
+    assert!(
+        s.protect_handoffs >= 1,
+        "the fault thread never made an eviction's write-protects: {s}"
+    );
+}
