@@ -297,9 +297,10 @@ pub(crate) fn run(st: Arc<State>) {
         drop(pass);
         if n > 0 {
             last_event = Instant::now();
-            st.protect_handoff.faults_read(st.now_ns());
+            let now = st.now_ns();
+            st.protect_handoff.faults_read(now);
             if let Some(p) = placement.as_mut() {
-                p.after_faults(&st.placement, &st.stats.c, server.last_tid, n, st.now_ns());
+                p.after_faults(&st.placement, &st.stats.c, server.last_tid, n, now);
                 st.protect_handoff.set_following(p.following());
             }
             continue;

@@ -127,15 +127,20 @@ impl Shared {
             return;
         }
         let cpu = self.program_cpu.load(Ordering::Relaxed);
+        if let (Ok(now), Ok(one)) = (sched::affinity_of(tid), sched::only(cpu)) {
+            if sched::same_set(&now, &one) {
+                let _ = sched::set_affinity(tid, &self.saved_mask());
+            }
+        }
+    }
+
+    /// The pinned program thread's own affinity, as stored when it was pinned.
+    fn saved_mask(&self) -> libc::cpu_set_t {
         let mut words = [0u64; sched::SET_WORDS];
         for (w, slot) in words.iter_mut().zip(&self.program_mask) {
             *w = slot.load(Ordering::Relaxed);
         }
-        if let (Ok(now), Ok(one)) = (sched::affinity_of(tid), sched::only(cpu)) {
-            if sched::same_set(&now, &one) {
-                let _ = sched::set_affinity(tid, &sched::words_to_set(&words));
-            }
-        }
+        sched::words_to_set(&words)
     }
 
     /// A fork is coming: its child inherits the forking thread's affinity, so the pinned
@@ -154,12 +159,9 @@ impl Shared {
         if self.program_tid.load(Ordering::Acquire) != tid {
             return None;
         }
-        let mut words = [0u64; sched::SET_WORDS];
-        for (w, slot) in words.iter_mut().zip(&self.program_mask) {
-            *w = slot.load(Ordering::Relaxed);
-        }
-        // Still pinned (not released meanwhile): the words are the ones stored for it.
-        (self.program_tid.load(Ordering::Acquire) == tid).then(|| sched::words_to_set(&words))
+        let mask = self.saved_mask();
+        // Still pinned (not released meanwhile): the mask is the one stored for it.
+        (self.program_tid.load(Ordering::Acquire) == tid).then_some(mask)
     }
 
     /// The program is about to set the affinity of thread `tid` (0: the caller): if that is

@@ -35,8 +35,6 @@ pub(crate) struct Context<'a> {
     pub stats: &'a Counters,
     /// `Config::protect_handoff`.
     pub enabled: bool,
-    /// `State::now_ns`.
-    pub now_ns: u64,
 }
 
 /// How long the control thread waits for the fault thread to take a job (0.5 and 2 ms gave
@@ -105,14 +103,12 @@ fn protect_here(uffd: &Uffd, ranges: &[(usize, usize)]) -> bool {
 impl ProtectHandoff {
     /// Write-protect `ranges` (page-aligned `(addr, len)`) for an eviction, on the program's
     /// CPU when the fault thread follows the program there; false if it failed.
-    pub(crate) fn protect(&self, cx: &Context, ranges: &[(usize, usize)]) -> bool {
+    /// `now_ns` is `State::now_ns`.
+    pub(crate) fn protect(&self, cx: &Context, now_ns: u64, ranges: &[(usize, usize)]) -> bool {
         if ranges.is_empty() {
             return true;
         }
-        let hot = cx
-            .now_ns
-            .saturating_sub(self.last_fault_ns.load(Ordering::Relaxed))
-            < HOT_NS;
+        let hot = now_ns.saturating_sub(self.last_fault_ns.load(Ordering::Relaxed)) < HOT_NS;
         if !cx.enabled
             || !hot
             || !self.following.load(Ordering::Relaxed)

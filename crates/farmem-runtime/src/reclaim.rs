@@ -261,9 +261,9 @@ fn evict_step(st: &State, cands: &[usize]) -> usize {
             .iter()
             .filter(|v| v.old.is_dirty() && v.old.is_writable())
             .map(|v| v.vpn);
-        let wp_failed = !st
-            .protect_handoff
-            .protect(&st.handoff_cx(), &ranges_of(writable));
+        let wp_failed =
+            !st.protect_handoff
+                .protect(&st.handoff_cx(), st.now_ns(), &ranges_of(writable));
         if !wp_failed {
             verify(st, &mut victims);
         }

@@ -175,7 +175,6 @@ impl State {
             shutdown: &self.shutdown,
             stats: &self.stats.c,
             enabled: self.cfg.protect_handoff,
-            now_ns: self.now_ns(),
         }
     }
 
