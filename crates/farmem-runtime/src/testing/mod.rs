@@ -145,6 +145,45 @@ pub fn pattern(salt: u64, page: usize, w: usize) -> u64 {
     mix(salt ^ ((page as u64) << 20) ^ w as u64) | 1
 }
 
+/// Where one page of a region is held, as the runtime's page table says once no transition
+/// of it is in flight: for tests that check that no page is held twice for nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageView {
+    /// Mapped locally.
+    pub present: bool,
+    /// Mapped without write protection (a write is not noticed).
+    pub writable: bool,
+    /// The local copy may differ from the far copy, or there is none: it must be written back.
+    pub dirty: bool,
+    /// The far store holds a copy of it.
+    pub far_copy: bool,
+}
+
+impl PageView {
+    /// Held both locally and far although only one copy is needed: a local copy is either
+    /// equal to its far copy and write-protected (its first write drops the far one), or the
+    /// far copy should be gone.
+    pub fn held_twice_for_nothing(&self) -> bool {
+        self.present && self.far_copy && (self.writable || self.dirty)
+    }
+}
+
+/// The page table's view of page `page` of `r` (waits out a transition in flight).
+pub fn page_view(r: &Region, page: usize) -> PageView {
+    let slot = crate::page::table::slot(at(r, page * PAGE_SIZE) as usize / PAGE_SIZE);
+    let mut w = slot.load();
+    while w.is_locked() {
+        slot.wait_unlocked(1000);
+        w = slot.load();
+    }
+    PageView {
+        present: w.is_present(),
+        writable: w.is_present() && w.is_writable(),
+        dirty: w.is_dirty(),
+        far_copy: w.has_far_copy(),
+    }
+}
+
 /// Wait until the runtime has finished the transitions of `pages` it may still have in
 /// flight. The fault thread's UFFDIO_COPY wakes the faulting thread before the page's
 /// metadata says "present" (and before `pages_installed` counts it), so right after an
