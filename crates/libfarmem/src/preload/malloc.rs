@@ -12,9 +12,9 @@
 //! never written back to far memory.
 
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::vspace::{self, Part};
+use super::vspace::{self, LargeBlock, Part};
 use super::{active, in_allocator, set_errno, OPTIONS};
 use super::{fine, mi};
 use farmem_sys::mem::PAGE_SIZE;
@@ -26,6 +26,27 @@ const LARGE: usize = 1 << 20;
 const MI_MAX_ALIGN: usize = 64 << 10;
 /// Blocks this large (16 GiB) get no extra address space to grow into.
 const MAX_ROOM: usize = 1 << 34;
+
+/// Large blocks start at one of this many page offsets ("colours") into their address space.
+/// Their rooms are powers of two, so without it the blocks a program allocates one after the
+/// other start at addresses equal modulo their room: the suite's dataframe, which scans
+/// five such columns side by side, ran 8% slower with its columns placed so natively too
+/// (0.90 s against 0.80-0.84 s with glibc's placement or with colours, medians of 6).
+const COLOURS: usize = 128;
+/// Pages between the colours of consecutive blocks (coprime with `COLOURS`, so that they
+/// go through every colour).
+const COLOUR_STEP: usize = 9;
+static NEXT_COLOUR: AtomicUsize = AtomicUsize::new(0);
+
+/// Address space to leave before the next large block (page-aligned blocks only: a larger
+/// alignment would be broken by the offset).
+fn colour_lead(align: usize) -> usize {
+    if align > PAGE_SIZE {
+        return 0;
+    }
+    let n = NEXT_COLOUR.fetch_add(1, Ordering::Relaxed);
+    (n * COLOUR_STEP % COLOURS) * PAGE_SIZE
+}
 
 use crate::local_alloc::{
     __libc_calloc, __libc_free, __libc_malloc, __libc_memalign, __libc_realloc,
@@ -62,14 +83,17 @@ fn room_for(len: usize) -> usize {
 fn large_alloc(size: usize, align: usize) -> *mut c_void {
     let len = vspace::page_round(size.max(1));
     let room = room_for(len);
+    let lead = colour_lead(align);
     let mut g = vspace::SPACE.lock();
     let Some(s) = g.as_mut() else {
         return std::ptr::null_mut();
     };
-    match s.alloc_usable(room, align.max(PAGE_SIZE), len) {
+    // The lead is made usable with the block (it is never touched: registering it only
+    // writes its pages' metadata).
+    match s.alloc_usable(lead + room, align.max(PAGE_SIZE), lead + len) {
         Some(a) => {
-            s.large.insert(a, (len, room));
-            a as *mut c_void
+            s.large.insert(a + lead, LargeBlock { len, room, lead });
+            (a + lead) as *mut c_void
         }
         None => std::ptr::null_mut(),
     }
@@ -77,19 +101,19 @@ fn large_alloc(size: usize, align: usize) -> *mut c_void {
 
 /// Free a large block; false if `p` is not the start of one.
 fn large_free(p: usize) -> bool {
-    let (rt, len, room) = {
+    let (rt, b) = {
         let mut g = vspace::SPACE.lock();
         let Some(s) = g.as_mut() else { return false };
-        let Some((len, room)) = s.large.remove(&p) else {
+        let Some(b) = s.large.remove(&p) else {
             return false;
         };
-        (s.runtime().cloned(), len, room)
+        (s.runtime().cloned(), b)
     };
     // Discard outside the lock (it may wait for pages in transition); the range is still
     // ours until released.
-    vspace::discard(rt.as_ref(), p, len);
+    vspace::discard(rt.as_ref(), p, b.len);
     if let Some(s) = vspace::SPACE.lock().as_mut() {
-        s.release(p, room);
+        s.release(p - b.lead, b.lead + b.room);
     }
     true
 }
@@ -98,7 +122,7 @@ fn large_len(p: usize) -> Option<usize> {
     vspace::SPACE
         .lock()
         .as_ref()
-        .and_then(|s| s.large.get(&p).map(|&(l, _)| l))
+        .and_then(|s| s.large.get(&p).map(|b| b.len))
 }
 
 /// Resize a large block in place if its reserved room allows; returns whether it did.
@@ -107,14 +131,21 @@ fn large_resize_in_place(p: usize, new_size: usize) -> bool {
     let (rt, tail) = {
         let mut g = vspace::SPACE.lock();
         let Some(s) = g.as_mut() else { return false };
-        let Some(&(len, room)) = s.large.get(&p) else {
+        let Some(&LargeBlock { len, room, lead }) = s.large.get(&p) else {
             return false;
         };
         if new_len <= room {
             if s.ensure_usable(p, new_len).is_err() {
                 return false;
             }
-            s.large.insert(p, (new_len, room));
+            s.large.insert(
+                p,
+                LargeBlock {
+                    len: new_len,
+                    room,
+                    lead,
+                },
+            );
             // Shrinking: the dropped tail must read as zeros when the block grows again.
             let tail = (new_len < len).then(|| (p + new_len, len - new_len));
             match tail {
@@ -123,7 +154,14 @@ fn large_resize_in_place(p: usize, new_size: usize) -> bool {
             }
             (s.runtime().cloned(), tail)
         } else if s.grow_in_place(p, room, new_len) {
-            s.large.insert(p, (new_len, new_len));
+            s.large.insert(
+                p,
+                LargeBlock {
+                    len: new_len,
+                    room: new_len,
+                    lead,
+                },
+            );
             (None, None)
         } else {
             return false;
@@ -365,4 +403,22 @@ pub extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
         return 0;
     }
     usable_size(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Consecutive large blocks of one size start at different offsets into their rooms,
+    /// through every colour before one repeats; aligned blocks keep their alignment.
+    #[test]
+    fn consecutive_large_blocks_get_every_colour() {
+        let leads: std::collections::BTreeSet<usize> =
+            (0..COLOURS).map(|_| colour_lead(16)).collect();
+        assert_eq!(leads.len(), COLOURS);
+        assert!(leads
+            .iter()
+            .all(|l| l % PAGE_SIZE == 0 && *l < COLOURS * PAGE_SIZE));
+        assert_eq!(colour_lead(2 << 20), 0);
+    }
 }

@@ -80,6 +80,17 @@ pub fn bounds() -> (usize, usize, usize) {
     )
 }
 
+/// A block of `malloc` served from the direct part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LargeBlock {
+    /// Its length (page-rounded).
+    pub len: usize,
+    /// Address space reserved for it from its start, to grow into in place.
+    pub room: usize,
+    /// Address space reserved before its start, never used: its colour (`malloc.rs`).
+    pub lead: usize,
+}
+
 pub struct Space {
     /// The runtime, or None in a forked child.
     rt: Option<Runtime>,
@@ -90,9 +101,8 @@ pub struct Space {
     by_size: BTreeSet<(usize, usize)>,
     /// High-water mark of the direct part: everything below is handed out or free.
     top: usize,
-    /// Blocks of `malloc` served here (too large for mimalloc): start -> (length, address
-    /// space reserved for it to grow into).
-    pub large: BTreeMap<usize, (usize, usize)>,
+    /// Blocks of `malloc` served here (too large for mimalloc), by start.
+    pub large: BTreeMap<usize, LargeBlock>,
     /// Bounds of the whole reservation (copies of BASE and END).
     base: usize,
     end: usize,
