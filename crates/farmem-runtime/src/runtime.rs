@@ -17,7 +17,7 @@ use crate::config::{Config, FarCopies, PolicyKind};
 use crate::error::{Error, Result};
 use crate::page::table;
 use crate::regions::{RegionInfo, Regions};
-use crate::scope::RuntimeScope;
+use crate::scope::{LockScope, RuntimeScope};
 use crate::state::State;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::workingset::WorkingSet;
@@ -345,6 +345,7 @@ impl Runtime {
 
     /// Name of the reclaim policy in use.
     pub fn policy_name(&self) -> &'static str {
+        let _scope = LockScope::enter();
         self.owner.st.policy.lock().name()
     }
 
@@ -423,6 +424,7 @@ impl Runtime {
     /// to its end, never past it (`extents.rs`). Allocators that say nothing get the small
     /// block around each fault.
     pub fn mark_allocated(&self, addr: usize, len: usize) {
+        let _scope = LockScope::enter();
         let first = addr / PAGE_SIZE;
         self.state()
             .extents
@@ -431,6 +433,7 @@ impl Runtime {
 
     /// `[addr, addr+len)` is no longer allocated (see [`Runtime::mark_allocated`]).
     pub fn mark_freed(&self, addr: usize, len: usize) {
+        let _scope = LockScope::enter();
         let first = addr / PAGE_SIZE;
         self.state()
             .extents

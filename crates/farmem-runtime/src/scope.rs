@@ -75,3 +75,25 @@ impl RuntimeScope {
         }
     }
 }
+
+/// A program thread taking, for a moment, a lock that the fault thread also takes (the
+/// allocation map of `extents.rs`): allocations stay local and asynchronous signals wait
+/// until it lets go. Its first wait on such a lock allocates the thread's parking record
+/// (through `__cxa_thread_atexit_impl`, with `calloc`): in far memory, that allocation
+/// faulted while the thread already barred readers, and the fault thread, reading the map
+/// for the fault's read-ahead, waited for it for ever (`exit_busy` under load, 1 run in
+/// about 100). A signal handler touching far memory there would do the same.
+pub(crate) struct LockScope {
+    _local: LocalScope,
+    _signals: BlockAll,
+}
+
+impl LockScope {
+    pub(crate) fn enter() -> LockScope {
+        let signals = BlockAll::enter();
+        LockScope {
+            _local: LocalScope::enter(),
+            _signals: signals,
+        }
+    }
+}
