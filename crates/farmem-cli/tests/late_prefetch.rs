@@ -19,6 +19,8 @@ use support::*;
 
 const PAGES: usize = 1024;
 const STRIDE: usize = 4;
+/// Scan passes at most, until a window is dropped.
+const PASSES: usize = 5;
 
 #[test]
 fn prefetches_that_would_arrive_late_are_dropped_and_nothing_is_lost() {
@@ -39,31 +41,14 @@ fn prefetches_that_would_arrive_late_are_dropped_and_nothing_is_lost() {
         fill_page(&scan, p, |w| pattern(1, p, w));
         fill_page(&noise, p, |w| pattern(2, p, w));
     }
-    let done = AtomicBool::new(false);
-    std::thread::scope(|s| {
-        let _stop = StopOnDrop(&done);
-        for t in 0..2u64 {
-            let (noise, done) = (&noise, &done);
-            s.spawn(move || {
-                let mut rng = XorShift::new(t + 1);
-                while !done.load(Ordering::Relaxed) {
-                    let p = rng.below(PAGES);
-                    let w = rng.below(WORDS_PER_PAGE);
-                    assert_eq!(rd_at(noise, p * PAGE_SIZE + w * 8), pattern(2, p, w));
-                }
-            });
+    // Whether a window arrives late depends on how the threads share the CPUs: a pass that
+    // happens to drop none (a quiet moment of the server) is run again, a few times at most.
+    for _pass in 0..PASSES {
+        scan_beside_random_reads(&scan, &noise);
+        if rt.stats().prefetch_dropped_late > 0 {
+            break;
         }
-        for p in (0..PAGES).step_by(STRIDE) {
-            for w in [0, 300, WORDS_PER_PAGE - 1] {
-                assert_eq!(
-                    rd_at(&scan, p * PAGE_SIZE + w * 8),
-                    pattern(1, p, w),
-                    "scan page {p}"
-                );
-            }
-        }
-        done.store(true, Ordering::Relaxed);
-    });
+    }
     let st = rt.stats();
     assert!(
         st.prefetch_batches > 0,
@@ -83,4 +68,34 @@ fn prefetches_that_would_arrive_late_are_dropped_and_nothing_is_lost() {
     let st = rt.stats();
     assert!(st.peak_resident_pages <= 256, "{st}");
     assert!(st.resident_pages <= 256, "{st}");
+}
+
+/// Two threads read `noise` at random while this one reads every `STRIDE`th page of `scan`,
+/// checking every word read.
+fn scan_beside_random_reads(scan: &farmem_runtime::Region, noise: &farmem_runtime::Region) {
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let _stop = StopOnDrop(&done);
+        for t in 0..2u64 {
+            let (noise, done) = (noise, &done);
+            s.spawn(move || {
+                let mut rng = XorShift::new(t + 1);
+                while !done.load(Ordering::Relaxed) {
+                    let p = rng.below(PAGES);
+                    let w = rng.below(WORDS_PER_PAGE);
+                    assert_eq!(rd_at(noise, p * PAGE_SIZE + w * 8), pattern(2, p, w));
+                }
+            });
+        }
+        for p in (0..PAGES).step_by(STRIDE) {
+            for w in [0, 300, WORDS_PER_PAGE - 1] {
+                assert_eq!(
+                    rd_at(scan, p * PAGE_SIZE + w * 8),
+                    pattern(1, p, w),
+                    "scan page {p}"
+                );
+            }
+        }
+        done.store(true, Ordering::Relaxed);
+    });
 }
