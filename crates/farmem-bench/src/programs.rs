@@ -6,8 +6,8 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use serde_json::json;
@@ -58,16 +58,6 @@ pub struct Args {
     /// zram's compressor for the Linux-swap runs (`default`: leave the kernel's choice).
     #[arg(long, default_value = "lz4")]
     zram_comp: String,
-    /// Let the Linux-swap cgroup's OOM killer end a program whose limit is too tight, as
-    /// Linux does by default (the point then reads OOM-killed). By default it is off (cgroup
-    /// v1 `memory.oom_control`): a charge that fails waits for memory and is retried, so
-    /// every point gets a time.
-    #[arg(long)]
-    oom_kill: bool,
-    /// A Linux-swap run taking longer than this many seconds (with the OOM killer off, a
-    /// program short of memory can stall) is killed and reported as timed out.
-    #[arg(long, default_value_t = 3600, value_name = "SECS")]
-    timeout: u64,
     /// Also write the results as JSON.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -252,8 +242,6 @@ struct RunResult {
     fork_us: Vec<f64>,
     /// farmem: the most pages the main process ever held locally, bytes.
     peak_local: Option<u64>,
-    /// Why it has no time (`secs` is infinite): "OOM-killed" or "timed out".
-    failed: Option<&'static str>,
 }
 
 /// The `fork-us N` lines of a program's stderr.
@@ -322,7 +310,6 @@ fn run_native(w: &Workload) -> Result<RunResult> {
         mem_used: peak,
         fork_us: fork_times(&stderr),
         peak_local: None,
-        failed: None,
     })
 }
 
@@ -377,34 +364,23 @@ fn run_farmem(w: &Workload, local: u64, backend: &str, dir: &Path) -> Result<Run
         mem_used: tree_peak.max(peak) + remote,
         fork_us: fork_times(&out.stderr),
         peak_local,
-        failed: None,
     })
 }
 
-fn run_swap(
-    w: &Workload,
-    kind: &SwapKind,
-    limit: u64,
-    peak: u64,
-    timeout: Duration,
-) -> Result<RunResult> {
+fn run_swap(w: &Workload, kind: &SwapKind, limit: u64, peak: u64) -> Result<RunResult> {
     let base = SwapBaseline::setup(kind.clone(), 2 * peak + (256 << 20), limit)?;
     let mut cmd = Command::new(&w.argv[0]);
     cmd.args(&w.argv[1..]).stdin(Stdio::null());
     let t0 = Instant::now();
-    let (out, timed_out) = base.run_with(cmd, |c| {
-        output_within(c, timeout).map(|(o, t)| (o.status, (o, t)))
-    })?;
+    let out = base.run(cmd)?;
     let secs = t0.elapsed().as_secs_f64();
     let st = base.stats();
     let mem_used = st.mem_used();
     base.close()?;
     // Linux swap cannot always run the program at this limit: the cgroup's OOM killer ends
-    // it (directly, or the shell reports its child's SIGKILL as 137), or with the killer off
-    // it may stall past the time limit. That is a result.
+    // it (directly, or the shell reports its child's SIGKILL as 137). That is a result.
     use std::os::unix::process::ExitStatusExt;
-    let killed = out.status.signal() == Some(libc::SIGKILL) || out.status.code() == Some(137);
-    if timed_out || killed {
+    if out.status.signal() == Some(libc::SIGKILL) || out.status.code() == Some(137) {
         return Ok(RunResult {
             secs: f64::INFINITY,
             stdout: Vec::new(),
@@ -412,7 +388,6 @@ fn run_swap(
             mem_used,
             fork_us: Vec::new(),
             peak_local: None,
-            failed: Some(if timed_out { "timed out" } else { "OOM-killed" }),
         });
     }
     if !out.status.success() {
@@ -431,50 +406,7 @@ fn run_swap(
         mem_used,
         fork_us: fork_times(&out.stderr),
         peak_local: None,
-        failed: None,
     })
-}
-
-/// Runs `cmd` (in a process group of its own) to its end, or until `limit`, when the group
-/// is killed; its output, and whether it ran out of time.
-fn output_within(cmd: &mut Command, limit: Duration) -> std::io::Result<(Output, bool)> {
-    use std::io::Read;
-    use std::os::unix::process::CommandExt;
-    cmd.stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    let mut child = cmd.spawn()?;
-    let pid = child.id() as libc::pid_t;
-    let reader = |mut r: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut v = Vec::new();
-            let _ = r.read_to_end(&mut v);
-            v
-        })
-    };
-    let out = reader(Box::new(child.stdout.take().expect("stdout is piped")));
-    let err = reader(Box::new(child.stderr.take().expect("stderr is piped")));
-    let deadline = Instant::now() + limit;
-    let mut timed_out = false;
-    let status = loop {
-        if let Some(st) = child.try_wait()? {
-            break st;
-        }
-        if !timed_out && Instant::now() > deadline {
-            timed_out = true;
-            // SAFETY: kill has no memory-safety preconditions; pid leads our child's group.
-            unsafe { libc::kill(-pid, libc::SIGKILL) };
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    Ok((
-        Output {
-            status,
-            stdout: out.join().unwrap_or_default(),
-            stderr: err.join().unwrap_or_default(),
-        },
-        timed_out,
-    ))
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -482,7 +414,6 @@ pub fn run(a: Args) -> Result<()> {
         bail!("--repeat must be positive and --local percentages in 1..=100");
     }
     super::swap::use_zram_compressor((a.zram_comp != "default").then_some(a.zram_comp.as_str()));
-    super::swap::use_oom_killer(a.oom_kill);
     let dir = std::env::temp_dir().join(format!("farmem-bench-programs-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let res = run_in(&a, &dir);
@@ -545,8 +476,6 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
         let mut times: BTreeMap<String, Vec<f64>> = BTreeMap::new();
         let mut mem: BTreeMap<String, Vec<f64>> = BTreeMap::new();
         let mut forks: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-        // Why a point's runs have no time, if some have none.
-        let mut failures: BTreeMap<String, &'static str> = BTreeMap::new();
         // Per farmem point: the main process's peak local memory over its budget (worst run).
         let mut over: BTreeMap<String, f64> = BTreeMap::new();
         for rep in 0..a.repeat {
@@ -572,15 +501,12 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
                     );
                     let r = match mode {
                         Mode::Farmem(backend) => run_farmem(&w, local, backend, dir)?,
-                        Mode::Swap(kind) => {
-                            run_swap(&w, kind, local, peak, Duration::from_secs(a.timeout))?
-                        }
+                        Mode::Swap(kind) => run_swap(&w, kind, local, peak)?,
                     };
-                    if let Some(why) = r.failed {
-                        eprintln!("{why}");
-                        failures.insert(key.clone(), why);
-                    } else {
+                    if r.secs.is_finite() {
                         eprintln!("{:.2} s, {} MiB used", r.secs, r.mem_used >> 20);
+                    } else {
+                        eprintln!("OOM-killed");
                     }
                     if r.secs.is_finite() && r.stdout != reference.stdout {
                         bail!(
@@ -606,8 +532,7 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
             .iter()
             .map(|(k, v)| (k.clone(), median(v.clone())))
             .collect();
-        // Runs the OOM killer ended, or that timed out, are infinite here and null in the
-        // JSON (`failures` says why).
+        // Runs the OOM killer ended are infinite here and null in the JSON.
         let finite = |v: f64| v.is_finite().then_some(v);
         let runs: BTreeMap<&String, Vec<Option<f64>>> = times
             .iter()
@@ -632,9 +557,8 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
             "median_mem_used_bytes": mem_med,
             "median_fork_us": fork_med,
             "peak_local_over_budget": over,
-            "failures": failures,
         }));
-        rows.push((w.name, peak, med, mem_med, fork_med, over, failures));
+        rows.push((w.name, peak, med, mem_med, fork_med, over));
     }
     println!(
         "\nmedian wall time in seconds (ratio to native), and memory used at the peak in MiB \
@@ -658,7 +582,7 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
         print!(" {c:>18}");
     }
     println!();
-    for (name, peak, med, mem_med, _, _, failures) in &rows {
+    for (name, peak, med, mem_med, _, _) in &rows {
         print!("{name:<12} {:>9.0}", *peak as f64 / (1 << 20) as f64);
         let native = med["native"];
         for c in &cols {
@@ -670,7 +594,7 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
             if v.is_finite() {
                 print!(" {:>18}", format!("{v:.2} ({:.1}x){used}", v / native));
             } else {
-                print!(" {:>18}", failures.get(c).copied().unwrap_or("no time"));
+                print!(" {:>18}", "OOM-killed");
             }
         }
         println!();
@@ -685,7 +609,7 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
             print!(" {c:>18}");
         }
         println!();
-        for (name, _, _, _, fork_med, over, _) in rows.iter().filter(|r| !r.4.is_empty()) {
+        for (name, _, _, _, fork_med, over) in rows.iter().filter(|r| !r.4.is_empty()) {
             print!("{name:<12}");
             let native = fork_med.get("native").copied().unwrap_or(f64::NAN);
             for c in &cols {

@@ -82,12 +82,6 @@ pub struct Args {
     /// A run taking longer than this many seconds is killed and counted as failed.
     #[arg(long, default_value_t = 1200)]
     timeout: u64,
-    /// Let the Linux-swap cgroup's OOM killer end a program whose limit is too tight, as
-    /// Linux does by default (the point then reads OOM). By default it is off (cgroup v1
-    /// `memory.oom_control`): a charge that fails waits for memory and is retried, so every
-    /// point gets a time.
-    #[arg(long)]
-    oom_kill: bool,
     /// Run nothing: write the tables, JSON and plots again from the runs.csv in --out (of a
     /// suite that finished, or was interrupted). The workloads, modes, points and repeats
     /// are those in the file; give the --scale it ran with, for the data sizes in the titles.
@@ -101,7 +95,6 @@ pub fn run(mut a: Args) -> Result<()> {
     }
     check(&mut a)?;
     crate::swap::use_zram_compressor((a.zram_comp != "default").then_some(a.zram_comp.as_str()));
-    crate::swap::use_oom_killer(a.oom_kill);
     std::fs::create_dir_all(a.out.join("logs"))
         .with_context(|| format!("creating {}", a.out.display()))?;
     install_cleanup_handler()?;

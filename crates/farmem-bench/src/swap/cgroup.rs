@@ -175,9 +175,6 @@ pub(super) fn create_cgroup(
             if memsw.exists() {
                 write_sys(&memsw, "-1")?;
             }
-            if !oom_killer() {
-                write_sys(&dir.join("memory.oom_control"), "1")?;
-            }
             check_v1_ancestors(&plan.parent, mem_limit, swap_bytes);
         }
         CgVersion::V2 => {

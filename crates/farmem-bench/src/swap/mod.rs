@@ -220,23 +220,6 @@ fn zram_compressor() -> Option<String> {
     lock(&ZRAM_COMPRESSOR).clone()
 }
 
-/// Whether the baselines' cgroups keep their OOM killer (off by default, see
-/// [`use_oom_killer`]).
-static OOM_KILLER: AtomicBool = AtomicBool::new(false);
-
-/// Let the cgroups set up from now on OOM-kill a program whose limit is too tight, as Linux
-/// does by default. Off, a v1 cgroup gets `memory.oom_control` = 1: a charge that fails (a
-/// swap-in when reclaim found nothing to take within its retries, which happens here with
-/// zram mostly empty) parks the faulting thread until memory is uncharged, and the fault is
-/// retried: the program runs on, so every point has a time. cgroup v2 has no such switch.
-pub fn use_oom_killer(on: bool) {
-    OOM_KILLER.store(on, Ordering::Relaxed);
-}
-
-fn oom_killer() -> bool {
-    OOM_KILLER.load(Ordering::Relaxed)
-}
-
 impl SwapBaseline {
     /// Sets up a swap device of `swap_bytes` (zram: a free device gets `disksize`, `mkswap`,
     /// `swapon` at priority 32767; file: created, allocated, mode 600, `mkswap`, `swapon`) and
@@ -325,17 +308,6 @@ impl SwapBaseline {
                 "zswap is enabled: swapped-out pages are compressed in RAM before they reach \
                  the swap device (disable with echo N > /sys/module/zswap/parameters/enabled)"
             );
-        }
-        match (plan.version, oom_killer()) {
-            (CgVersion::V1, false) => notes.push("OOM killer off".to_string()),
-            (CgVersion::V2, false) => {
-                notes.push("OOM killer on (cgroup v2 cannot turn it off)".to_string());
-                tracing::warn!(
-                    "cgroup v2 has no switch for the OOM killer: a tight limit may still kill \
-                     the program"
-                );
-            }
-            (_, true) => {}
         }
         if plan.version == CgVersion::V1 && !cgroup.join("memory.memsw.usage_in_bytes").exists() {
             notes.push("no swap accounting".to_string());

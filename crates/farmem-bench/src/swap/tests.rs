@@ -164,13 +164,6 @@ fn zram_baseline_swaps_and_cleans_up() {
         CgVersion::V2 => "memory.max",
     };
     assert_eq!(read_u64(&cg.join(limit_file)), Some(64 * MIB));
-    if b.info.version == CgVersion::V1 {
-        assert_eq!(
-            oom_kill_disabled(&cg),
-            Some(true),
-            "the OOM killer is off by default"
-        );
-    }
 
     run_workload(&b, 160);
     let st = b.stats();
@@ -198,27 +191,6 @@ fn zram_baseline_swaps_and_cleans_up() {
     drop(b);
     println!("teardown {:?}", t.elapsed());
     assert_gone(&cg, &dev);
-}
-
-/// `oom_kill_disable` of a v1 cgroup.
-fn oom_kill_disabled(cg: &Path) -> Option<bool> {
-    let text = fs::read_to_string(cg.join("memory.oom_control")).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("oom_kill_disable "))
-        .map(|v| v.trim() == "1")
-}
-
-#[test]
-fn the_oom_killer_stays_on_when_asked() {
-    let _g = test_lock();
-    use_oom_killer(true);
-    let b = SwapBaseline::setup(SwapKind::None, MIB, 64 * MIB);
-    use_oom_killer(false);
-    let b = b.unwrap();
-    if b.info.version == CgVersion::V1 {
-        assert_eq!(oom_kill_disabled(b.cgroup_dir()), Some(false));
-    }
-    assert!(!b.describe().contains("OOM killer off"), "{}", b.describe());
 }
 
 #[test]
