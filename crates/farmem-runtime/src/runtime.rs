@@ -504,16 +504,12 @@ impl Region {
     /// Whether the page holding `offset` is local right now (for tests and tools).
     pub fn is_resident(&self, offset: usize) -> bool {
         assert!(offset < self.len(), "offset out of region");
-        let slot = table::slot((self.info.base + offset) >> PAGE_SHIFT);
-        let mut w = slot.load();
-        while w.is_locked() {
-            // A thread woken by a page's install can get here before the installer marks
-            // it present (the installer may even be preempted in between): answer for after
-            // the transition, as every lock holder releases soon.
-            slot.wait_unlocked(1000);
-            w = slot.load();
-        }
-        w.is_present()
+        // A thread woken by a page's install can get here before the installer marks it
+        // present (the installer may even be preempted in between): answer for after the
+        // transition.
+        table::slot((self.info.base + offset) >> PAGE_SHIFT)
+            .load_settled()
+            .is_present()
     }
 
     /// The region's memory as a byte slice.

@@ -61,17 +61,15 @@ pub(crate) struct RuntimeScope {
     // Dropped in this order: out of the fork gate, then allocations are the program's
     // again, then signals come back.
     _gate: crate::gate::Pass,
-    _local: LocalScope,
-    _signals: BlockAll,
+    _lock: LockScope,
 }
 
 impl RuntimeScope {
     pub(crate) fn enter() -> RuntimeScope {
-        let signals = BlockAll::enter();
+        let lock = LockScope::enter();
         RuntimeScope {
             _gate: crate::gate::enter(),
-            _local: LocalScope::enter(),
-            _signals: signals,
+            _lock: lock,
         }
     }
 }
@@ -81,8 +79,8 @@ impl RuntimeScope {
 /// until it lets go. Its first wait on such a lock allocates the thread's parking record
 /// (through `__cxa_thread_atexit_impl`, with `calloc`): in far memory, that allocation
 /// faulted while the thread already barred readers, and the fault thread, reading the map
-/// for the fault's read-ahead, waited for it for ever (`exit_busy` under load, 1 run in
-/// about 100). A signal handler touching far memory there would do the same.
+/// for the fault's read-ahead, waited for it for ever (`exit_busy` under load, about 1 run
+/// in 20). A signal handler touching far memory there would do the same.
 pub(crate) struct LockScope {
     _local: LocalScope,
     _signals: BlockAll,

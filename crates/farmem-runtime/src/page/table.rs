@@ -193,6 +193,17 @@ impl PageSlot {
         PageWord::from_raw(self.0.load(Ordering::Acquire))
     }
 
+    /// The word once no transition holds it: waits for the lock holder, which releases
+    /// soon (for tests and tools that ask after an access, not for the fault path).
+    pub(crate) fn load_settled(&self) -> PageWord {
+        let mut w = self.load();
+        while w.is_locked() {
+            self.wait_unlocked(1000);
+            w = self.load();
+        }
+        w
+    }
+
     /// A load that orders nothing (a first look, confirmed under the lock).
     #[inline]
     pub(crate) fn peek(&self) -> PageWord {

@@ -170,12 +170,7 @@ impl PageView {
 
 /// The page table's view of page `page` of `r` (waits out a transition in flight).
 pub fn page_view(r: &Region, page: usize) -> PageView {
-    let slot = crate::page::table::slot(at(r, page * PAGE_SIZE) as usize / PAGE_SIZE);
-    let mut w = slot.load();
-    while w.is_locked() {
-        slot.wait_unlocked(1000);
-        w = slot.load();
-    }
+    let w = crate::page::table::slot(at(r, page * PAGE_SIZE) as usize / PAGE_SIZE).load_settled();
     PageView {
         present: w.is_present(),
         writable: w.is_present() && w.is_writable(),
