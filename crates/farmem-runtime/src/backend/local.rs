@@ -19,7 +19,7 @@ use super::io::{short_buffer, Backend, Completion, FarUsage, IoDone, PageBuf};
 use super::slabs::{Slabs, Slot, GRAIN};
 
 /// Where a stored page is, and how to read it back.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 struct Stored {
     slot: Slot,
     /// Compressed length, 0 for a page kept raw (it did not compress below a page), or
@@ -28,6 +28,9 @@ struct Stored {
     /// When it was stored by `put_compressed` (its place in `order`; 0: not queued).
     seq: u32,
 }
+
+// The index keeps one per page (64 to a chunk): 16 bytes, where zram keeps 16 too.
+const _: () = assert!(std::mem::size_of::<Stored>() == 16);
 
 /// `clen` of a page whose 8-byte words are all the same (zeros, a memset pattern: zram's
 /// same-filled pages): its slot holds the word and the page is filled back from it, neither
@@ -307,7 +310,7 @@ impl LocalBackend {
     pub(crate) fn try_read_into(&self, k: PageKey, out: &mut [u8]) -> Result<bool, BackendError> {
         // The shard stays locked while the slot is read: no one frees it meanwhile.
         let shard = self.index.shard(k);
-        let Some(&s) = shard.get(&(k.region, k.page)) else {
+        let Some(s) = shard.get(k) else {
             return Ok(false);
         };
         if s.clen == 0 {
