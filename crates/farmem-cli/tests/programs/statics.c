@@ -1,14 +1,14 @@
 /* Static arrays (.bss), in the shape of STREAM: three arrays filled, then triad passes over
  * the first `n` elements of each, checked at the end. Prints the peak resident set
  * ("VmHWM <kB>") so that the test can compare it with the local budget.
- * Usage: statics N_ELEMENTS PASSES [heap]   (N_ELEMENTS <= 2 Mi; 0 touches nothing; with
+ * Usage: statics N_ELEMENTS PASSES [heap]   (N_ELEMENTS <= 8 Mi; 0 touches nothing; with
  * "heap", the same arrays from malloc instead, for comparison) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#define MAX (2u << 20) /* 3 x 16 MiB */
+#define MAX (8u << 20) /* 3 x 64 MiB */
 static double sa[MAX], sb[MAX], sc[MAX];
 
 static long status_kib(const char *key) {
