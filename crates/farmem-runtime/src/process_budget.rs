@@ -6,18 +6,8 @@
 //! too, or the comparison flatters farmem: python3 building 256 MiB of objects at a 128 MiB
 //! budget peaked at 128 MiB of far heap plus 10 MiB of other anonymous memory.
 //!
-//! The program's resident file pages count as well: its executable, its libraries and
-//! libfarmem's code, as a cgroup charges the page cache its program brings in. A user who
-//! asks for `--local-mem 100M` reads the resident set (`VmRSS`) to check it: a STREAM-shaped
-//! program with static arrays at a 104,300 KiB budget peaked at 112,028 KiB of it, 3.1 MiB
-//! of which were file pages. They count up to [`FILE_PAGES_COUNTED`]: past that they are a
-//! data file the program maps, which the kernel's page cache holds and drops under pressure,
-//! and taking them from the heap would shrink it for pages farmem cannot evict. Shared
-//! memory (`RssShmem`) does not count: it is the fresh words the page tables map many times
-//! from one sealed file (`page::fresh`).
-//!
 //! So the regions get the asked budget less that other memory, measured from
-//! `/proc/self/status` by the control thread every [`EVERY_NS`] and at each budget change.
+//! `/proc/self/statm` by the control thread every [`EVERY_NS`] and at each budget change.
 //! They never get less than half the asked budget: a program whose unmanaged memory is most
 //! of its budget still runs, and `other_bytes` says why it uses more. The far tiers' own
 //! memory is not counted, as zram's is not charged to a cgroup: that is the comparison.
@@ -41,26 +31,13 @@ const EVERY_NS: u64 = 10_000_000;
 /// ms).
 const FALL_SHIFT: u32 = 4;
 
-/// The most file pages the budget covers (16 MiB): code and libraries (python3 5.2 MiB,
-/// libfarmem 2 MiB of its own), not a mapped data file.
-const FILE_PAGES_COUNTED: usize = (16 << 20) / PAGE_SIZE;
-
-/// Resident pages of this process that the budget covers: anonymous and file-backed up to
-/// [`FILE_PAGES_COUNTED`] (`RssAnon` and `RssFile` of `/proc/self/status`, ~14 µs to read
-/// against ~6 µs for `statm`, which cannot tell file pages from shared memory).
-fn counted_resident_pages() -> Option<usize> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kib = |key: &str| -> Option<usize> {
-        let line = s.lines().find(|l| l.starts_with(key))?;
-        line[key.len()..]
-            .trim()
-            .strip_suffix("kB")?
-            .trim()
-            .parse()
-            .ok()
-    };
-    let pages = |kib: usize| kib * 1024 / PAGE_SIZE;
-    Some(pages(kib("RssAnon:")?) + pages(kib("RssFile:")?).min(FILE_PAGES_COUNTED))
+/// Anonymous resident pages of this process (resident less file-backed and shared).
+fn anon_resident_pages() -> Option<usize> {
+    let s = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let mut f = s.split_whitespace().skip(1);
+    let resident: usize = f.next()?.parse().ok()?;
+    let shared: usize = f.next()?.parse().ok()?;
+    Some(resident.saturating_sub(shared))
 }
 
 /// Set the budget the program asked for (pages), and the regions' share of it now.
@@ -89,10 +66,10 @@ fn apply(st: &State) {
     let asked = st.asked_budget.load(Ordering::Relaxed);
     let other = match st.cfg.budget_scope {
         BudgetScope::Regions => 0,
-        BudgetScope::Process => match counted_resident_pages() {
-            Some(counted) => {
+        BudgetScope::Process => match anon_resident_pages() {
+            Some(anon) => {
                 let far_tiers = st.backend.memory_in_process() as usize / PAGE_SIZE;
-                let now = counted.saturating_sub(st.resident.load(Ordering::Relaxed) + far_tiers);
+                let now = anon.saturating_sub(st.resident.load(Ordering::Relaxed) + far_tiers);
                 let before = st.other_pages.load(Ordering::Relaxed);
                 if now >= before {
                     now

@@ -45,9 +45,8 @@ pub struct Options {
     /// Local memory for the program: a size (512M, 2G) or a percentage of the program's
     /// peak memory (25%), which needs --peak or --measure-peak. Default: half of this
     /// machine's memory. Like a memory cgroup's limit, it covers all of the program's
-    /// anonymous memory and its resident code and libraries (file pages, up to 16 MiB): its
-    /// heap gets what the rest (stacks, code, the runtime, memory farmem does not manage)
-    /// leaves, but never less than half (FARMEM_BUDGET_SCOPE=regions: the heap
+    /// anonymous memory: its heap gets what the rest (stacks, the runtime, memory farmem does
+    /// not manage) leaves, but never less than half (FARMEM_BUDGET_SCOPE=regions: the heap
     /// gets all of it). The far tiers' memory (compressed pages) is not counted, as zram's is
     /// not charged to a cgroup: --stats shows it.
     #[arg(long, value_name = "SIZE|PCT%")]

@@ -163,8 +163,8 @@ impl Report {
         if stat(m, "other_bytes") > 0 {
             let _ = writeln!(
                 o,
-                "  of the budget, the program's other memory at the end {:.1} MiB (stacks, code, \
-                 the runtime, memory it does not manage)",
+                "  of the budget, the program's other memory at the end {:.1} MiB (stacks, the \
+                 runtime, memory it does not manage)",
                 mib(stat(m, "other_bytes"))
             );
         }
