@@ -396,16 +396,21 @@ fn kernel_reads_and_writes_far_fresh_and_unverified_pages() {
     roomy.assert_success();
 }
 
-/// The peak resident set a run printed (`VmHWM <kB> kB`), in bytes.
-fn peak_rss(r: &Outcome) -> u64 {
+/// A figure a run printed (`KEY <kB> kB`), in bytes.
+fn printed_kib(r: &Outcome, key: &str) -> u64 {
     let kib: u64 = r
         .stdout
         .split_whitespace()
-        .skip_while(|w| *w != "VmHWM")
+        .skip_while(|w| *w != key)
         .nth(1)
         .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no VmHWM line\n{}", r.describe()));
+        .unwrap_or_else(|| panic!("no {key} line\n{}", r.describe()));
     kib << 10
+}
+
+/// The peak resident set a run printed (`VmHWM <kB> kB`), in bytes.
+fn peak_rss(r: &Outcome) -> u64 {
+    printed_kib(r, "VmHWM")
 }
 
 /// Static arrays (48 MiB of `.bss`, STREAM's shape) at a 12 MiB budget, far memory on a
@@ -462,29 +467,37 @@ fn static_arrays_are_far_memory_too() {
     assert!(statics.stat("pages_evicted") > 0, "{}", statics.describe());
 }
 
-/// The measure for static arrays: the whole resident set (`VmHWM`, code and
-/// libraries included) of a STREAM-shaped program with 192 MiB of `.bss` stays within its
-/// 64 MiB budget + 5%, far pages in a file (outside the process). It was +7.4% before the
-/// budget counted file pages and the file tier's index shrank (a hash entry per far page);
-/// 2.2-3.3% here, also beside two busy loops.
+/// The measure for static arrays: the resident set of a STREAM-shaped program with
+/// 192 MiB of `.bss` stays within its 96 MiB budget + 5%, far pages in a file (outside the
+/// process). The budget, as a cgroup's limit, covers anonymous memory: the program's code
+/// and libraries (`RssFile`, ~3 MiB, already in the page cache, which a cgroup does not
+/// charge again) are left out of the comparison. Counting them in the budget was tried: it
+/// took 13 MiB from python3's heap (libcrypto, libpython) and made it thrash at its native
+/// peak. Measured: +1.1-2.0% (also beside two busy loops); +2.5-3.0% before the file tier's
+/// index shrank (a hash entry per far page).
 #[test]
 fn static_arrays_keep_the_resident_set_within_the_budget() {
     let dir = Scratch::new("statics-rss");
     let prog = compile("statics", &dir);
-    const BUDGET: u64 = 64 << 20;
+    const BUDGET: u64 = 96 << 20;
     let backend = format!("file://{}", dir.dir().display());
     let r = farmem_run_with(
         &dir,
-        &["--local-mem", "64M", "--backend", &backend],
+        &["--local-mem", "96M", "--backend", &backend],
         &[],
         &prog,
         &[&(8u32 << 20).to_string(), "1"],
     );
     r.assert_success();
-    let peak = peak_rss(&r);
+    let peak = peak_rss(&r) - printed_kib(&r, "RssFile");
+    eprintln!(
+        "peak resident set less code {} KiB, budget {} KiB",
+        peak >> 10,
+        BUDGET >> 10
+    );
     assert!(
         peak <= BUDGET + BUDGET / 20,
-        "peak resident set {} KiB for a {} KiB budget\n{}",
+        "peak resident set less code {} KiB for a {} KiB budget\n{}",
         peak >> 10,
         BUDGET >> 10,
         r.describe()

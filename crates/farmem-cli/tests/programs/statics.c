@@ -1,6 +1,7 @@
 /* Static arrays (.bss), in the shape of STREAM: three arrays filled, then triad passes over
  * the first `n` elements of each, checked at the end. Prints the peak resident set
- * ("VmHWM <kB>") so that the test can compare it with the local budget.
+ * ("VmHWM <kB>") and its resident file pages at the end ("RssFile <kB>": code and libraries)
+ * so that the test can compare them with the local budget.
  * Usage: statics N_ELEMENTS PASSES [heap]   (N_ELEMENTS <= 8 Mi; 0 touches nothing; with
  * "heap", the same arrays from malloc instead, for comparison) */
 #include <stdio.h>
@@ -71,5 +72,6 @@ int main(int argc, char **argv) {
         fclose(tmp);
     }
     printf("VmHWM %ld kB\n", status_kib("VmHWM:"));
+    printf("RssFile %ld kB\n", status_kib("RssFile:"));
     return 0;
 }
