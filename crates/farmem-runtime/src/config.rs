@@ -73,9 +73,15 @@ pub struct Config {
     pub far_copies: Option<FarCopies>,
     /// Local budget of a child made by `fork()` without exec, which keeps its far pages far
     /// with a runtime of its own (`FARMEM_FORK_LOCAL_MEM`, as `FARMEM_LOCAL_MEM`). Default:
-    /// the parent's budget. Each process of a tree has its own: a parent and two workers at
-    /// the default hold up to three budgets locally.
+    /// the parent's budget, or its share of the tree's (`tree`). A child given its own
+    /// budget leaves the tree.
     pub fork_local_mem: Option<u64>,
+    /// A file that makes the budget one for the whole process tree, as one cgroup's limit
+    /// (`FARMEM_TREE`; `farmem run` makes it): every process that maps it (forked children
+    /// inherit it, executed programs map it again) takes a share (`tree_budget.rs`). Only
+    /// with [`BudgetScope::Process`]. None: each process has a budget of its own, so a parent
+    /// and two workers hold up to three budgets locally.
+    pub tree: Option<std::path::PathBuf>,
     /// The compressor of the in-process compressed tiers (`FARMEM_COMPRESSOR`: `lz4`, the
     /// default, `zstd` or `zstd:LEVEL`).
     pub compressor: crate::backend::Codec,
@@ -190,6 +196,7 @@ impl Default for Config {
             writable_install: true,
             far_copies: None,
             fork_local_mem: None,
+            tree: None,
             compressor: Default::default(),
             fault_threads: 1,
             fault_spin_us: 50,
@@ -252,6 +259,9 @@ impl Config {
         }
         if let Some(v) = env("FARMEM_FORK_LOCAL_MEM") {
             c.fork_local_mem = Some(parse_budget(&v)?);
+        }
+        if let Some(v) = env("FARMEM_TREE").filter(|v| !v.is_empty()) {
+            c.tree = Some(v.into());
         }
         if let Some(v) = env("FARMEM_BUDGET_SCOPE") {
             c.budget_scope = BudgetScope::parse(&v)?;

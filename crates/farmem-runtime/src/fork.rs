@@ -12,10 +12,12 @@
 //!   over, on the memory it inherited: a new userfaultfd under the old descriptor number,
 //!   its regions registered again, new threads, and its own copy of the far store (the
 //!   compressed tier is its memory; a file tier reads the parent's file, which keeps those
-//!   slots for it, and writes a file of its own). The child has a budget of its own, the
-//!   parent's. Pages the parent had write-protected are writable in the child (the kernel
-//!   drops the protection with the registration): they are dirty there. A fork then costs
-//!   what it costs under Linux, plus a walk over the page table in the child.
+//!   slots for it, and writes a file of its own). The child takes a share of the tree's
+//!   budget when the processes share one (`tree_budget.rs`, `farmem run`'s default), else it
+//!   has a budget of its own, the parent's or `fork_local_mem`. Pages the parent had
+//!   write-protected are writable in the child (the kernel drops the protection with the
+//!   registration): they are dirty there. A fork then costs what it costs under Linux, plus
+//!   a walk over the page table in the child.
 //! - **Far pages come back** (a memory server: the child cannot share the connection).
 //!   Each runtime pauses reclaim, waits for the eviction batch in progress, and brings every
 //!   far page back into local memory, beyond the budget if need be; the child then runs
@@ -121,6 +123,9 @@ extern "C" fn parent() {
             Some(Way::KeepFar) => {
                 for st in &runtimes {
                     st.backend.fork_parent();
+                    if let Some(t) = &st.tree {
+                        t.after_fork_in_parent();
+                    }
                 }
                 gate::open();
             }
@@ -198,6 +203,20 @@ fn take_over(st: &Arc<State>) {
         }
     }
     st.backend.fork_child();
+    if let Some(t) = &st.tree {
+        // A member of its own (its budget a share of the tree's), unless given one. Until
+        // its first measurement it holds what it inherited: with the parent's budget, three
+        // workers filling fresh memory at once took the tree 20% over.
+        t.after_fork_in_child(st.cfg.fork_local_mem.is_some());
+        st.budget_checked_ns.store(0, Ordering::Relaxed);
+        if t.is_member() {
+            let resident = st.resident.load(Ordering::Relaxed);
+            st.budget.store(
+                resident.max(crate::config::MIN_BUDGET_PAGES),
+                Ordering::Release,
+            );
+        }
+    }
     if let Some(bytes) = st.cfg.fork_local_mem {
         // The child's own budget: the control thread evicts down to it once running.
         let cfg = crate::config::Config {

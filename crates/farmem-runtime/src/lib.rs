@@ -30,6 +30,7 @@ pub mod scope;
 mod stats;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod tree_budget;
 
 // The machinery (ARCHITECTURE.md lists it in dependency order; tests/layering.rs keeps it
 // free of cycles).

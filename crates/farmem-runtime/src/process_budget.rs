@@ -40,8 +40,12 @@ fn anon_resident_pages() -> Option<usize> {
     Some(resident.saturating_sub(shared))
 }
 
-/// Set the budget the program asked for (pages), and the regions' share of it now.
+/// Set the budget the program asked for (pages), and the regions' share of it now. In a
+/// process tree with one budget this sets the tree's.
 pub(crate) fn set_asked(st: &State, pages: usize) {
+    if let Some(t) = st.tree.as_ref().filter(|t| t.is_member()) {
+        t.file().set_budget(pages);
+    }
     st.asked_budget.store(pages, Ordering::Relaxed);
     apply(st);
 }
@@ -61,33 +65,49 @@ pub(crate) fn refresh(st: &State) {
     apply(st);
 }
 
-/// The regions' budget from the asked one and the other memory measured now.
+/// The regions' budget from the asked one (or this process's share of its tree's) and the
+/// other memory measured now.
 fn apply(st: &State) {
     let asked = st.asked_budget.load(Ordering::Relaxed);
-    let other = match st.cfg.budget_scope {
-        BudgetScope::Regions => 0,
-        BudgetScope::Process => match anon_resident_pages() {
-            Some(anon) => {
-                let far_tiers = st.backend.memory_in_process() as usize / PAGE_SIZE;
-                let now = anon.saturating_sub(st.resident.load(Ordering::Relaxed) + far_tiers);
-                let before = st.other_pages.load(Ordering::Relaxed);
-                if now >= before {
-                    now
-                } else {
-                    before - ((before - now) >> FALL_SHIFT).max(1)
-                }
-            }
-            None => st.other_pages.load(Ordering::Relaxed),
-        },
+    if st.cfg.budget_scope == BudgetScope::Regions {
+        return set_regions_budget(st, asked, 0, 0);
+    }
+    let Some(anon) = anon_resident_pages() else {
+        let other = st.other_pages.load(Ordering::Relaxed);
+        return set_regions_budget(st, asked, 0, other);
     };
+    let far_tiers = st.backend.memory_in_process() as usize / PAGE_SIZE;
+    let resident = st.resident.load(Ordering::Relaxed);
+    let other = smooth(st, anon.saturating_sub(resident + far_tiers));
     st.other_pages.store(other, Ordering::Relaxed);
-    let want = asked
+    let unshared = anon.saturating_sub(far_tiers);
+    let evicted = st.stats.c.pages_evicted.load(Ordering::Relaxed);
+    match st
+        .tree
+        .as_ref()
+        .and_then(|t| Some((t, t.measure(asked, unshared, evicted)?)))
+    {
+        Some((t, (charged, mine))) => {
+            // The tree's budget may have been changed through another member.
+            st.asked_budget
+                .store(t.file().budget(asked), Ordering::Relaxed);
+            // What others are charged for (pages shared copy-on-write) is room here.
+            set_regions_budget(st, mine, unshared - charged, other)
+        }
+        None => set_regions_budget(st, asked, 0, other),
+    }
+}
+
+/// The regions get `base` (the budget, or this process's share of its tree's) plus `shared`
+/// pages counted for other processes, less the other memory; never less than half of `base`.
+fn set_regions_budget(st: &State, base: usize, shared: usize, other: usize) {
+    let want = (base + shared)
         .saturating_sub(other)
-        .max(asked / 2)
-        .max(crate::config::MIN_BUDGET_PAGES.min(asked));
+        .max(base / 2)
+        .max(crate::config::MIN_BUDGET_PAGES.min(base));
     // Small changes are left alone: each one moves the eviction goal.
     let cur = st.budget();
-    if want.abs_diff(cur) <= (asked / 128).max(16) && want != asked {
+    if want.abs_diff(cur) <= (base / 128).max(16) && want != base {
         return;
     }
     st.budget.store(want, Ordering::Release);
@@ -95,5 +115,15 @@ fn apply(st: &State) {
         // Over the smaller budget: evict ahead from now on, as at a shrink.
         st.over_budget_once.store(true, Ordering::Relaxed);
         st.kick_control();
+    }
+}
+
+/// The other memory's estimate: it rises at once and falls slowly (see [`FALL_SHIFT`]).
+fn smooth(st: &State, now: usize) -> usize {
+    let before = st.other_pages.load(Ordering::Relaxed);
+    if now >= before {
+        now
+    } else {
+        before - ((before - now) >> FALL_SHIFT).max(1)
     }
 }

@@ -34,6 +34,26 @@ fn refuse_in_child() -> Result<()> {
     Ok(())
 }
 
+/// The tree budget this runtime takes a share of, if its config names one it can map.
+fn tree_membership(cfg: &Config) -> Option<crate::tree_budget::Membership> {
+    let path = cfg.tree.as_ref()?;
+    if cfg.budget_scope != crate::config::BudgetScope::Process {
+        tracing::warn!("FARMEM_TREE needs FARMEM_BUDGET_SCOPE=process: ignored");
+        return None;
+    }
+    match crate::tree_budget::TreeFile::open(path) {
+        Ok(f) => Some(crate::tree_budget::Membership::new(f)),
+        Err(e) => {
+            tracing::warn!(
+                "the tree budget file {} cannot be used ({e}): this process has a budget of \
+                 its own",
+                path.display()
+            );
+            None
+        }
+    }
+}
+
 /// The runtime installed by [`Runtime::install_global`].
 static INSTALLED: OnceLock<Runtime> = OnceLock::new();
 /// The runtime [`Runtime::global`] started from the environment (or why it could not).
@@ -57,6 +77,9 @@ impl Drop for Owner {
             )
         };
         self.st.wake_all();
+        if let Some(t) = &self.st.tree {
+            t.leave();
+        }
         let threads = std::mem::take(&mut *self.st.threads.lock());
         for t in threads {
             let _ = t.join();
@@ -108,7 +131,9 @@ impl Runtime {
             None if backend.frees_on_forget() => FarCopies::Drop,
             None => FarCopies::Keep,
         };
+        let tree = tree_membership(&cfg);
         let st = Arc::new(State {
+            tree,
             far_copies,
             io_timeout,
             pid: AtomicU32::new(std::process::id()),
@@ -245,6 +270,10 @@ impl Runtime {
         // its answer needs.
         let _scope = RuntimeScope::enter();
         self.owner.st.backend.release_at_exit(release);
+        // The process ends or executes another program: its share of the tree is free.
+        if let Some(t) = &self.owner.st.tree {
+            t.leave();
+        }
     }
 
     /// The calling thread is about to start a thread (`thread`) or a process, which would

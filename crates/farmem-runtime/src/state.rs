@@ -48,6 +48,9 @@ pub(crate) struct State {
     /// was last measured (`now_ns`).
     pub other_pages: AtomicUsize,
     pub budget_checked_ns: AtomicU64,
+    /// The process tree's shared budget, when this process takes a share of one
+    /// (`tree_budget.rs`, [`crate::Config::tree`]).
+    pub tree: Option<crate::tree_budget::Membership>,
     /// Pages installed plus pages reserved by in-flight fetches.
     pub resident: AtomicUsize,
     pub stats: Stats,

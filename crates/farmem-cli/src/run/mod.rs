@@ -24,9 +24,11 @@ use clap::Parser;
                   --local-mem 25% --measure-peak --stats -- sort -S 2G big.txt\n  farmem run \
                   --backend tcp://127.0.0.1:7070 --local-mem 1G -- memcached -m 4096\n\n\
                   The program's own output, exit status and signals pass through untouched. \
-                  Programs it executes run under farmem too, each with the same budget; a \
-                  child made by fork() without exec keeps its far pages far, with a budget \
-                  of its own (with a tcp:// backend its memory is brought back local)."
+                  Programs it executes and children it makes with fork() run under farmem \
+                  too, and --local-mem covers them all together, as one memory cgroup's \
+                  limit does: each process takes a share (--fork-local-mem gives forked \
+                  children budgets of their own instead). A forked child keeps its far \
+                  pages far (with a tcp:// backend its memory is brought back local)."
 )]
 pub struct Args {
     #[command(flatten)]
@@ -52,8 +54,11 @@ pub struct Options {
     #[arg(long, value_name = "SIZE|PCT%")]
     local_mem: Option<String>,
     /// Local memory of each child the program makes with fork() without exec (it keeps its
-    /// far pages far, with a runtime of its own): a size. Default: the same as the
-    /// program's, so a parent with two workers may hold three budgets locally.
+    /// far pages far, with a runtime of its own): a size. Each process then has a budget of
+    /// its own (the program and what it executes --local-mem each), so a parent with two
+    /// workers may hold three budgets locally. Default: one budget, --local-mem, shared by
+    /// every process of the program, as a cgroup's limit: free room is split evenly, and a
+    /// process that needs room gets up to an even share back from larger ones.
     #[arg(long, value_name = "SIZE")]
     fork_local_mem: Option<String>,
     /// The program's peak memory, for a percentage --local-mem (e.g. 4G).
@@ -237,6 +242,13 @@ pub fn prepare(a: &Options, program: &[OsString], stats_dir: &Path) -> Result<Pr
     if let Some(f) = &a.fork_local_mem {
         let b = farmem_proto::size::parse_size(f).context("--fork-local-mem")?;
         cmd.env("FARMEM_FORK_LOCAL_MEM", b.to_string());
+    } else {
+        // One budget for the program's processes (farmem-runtime's `tree_budget`).
+        let tree = stats_dir.join(stats_dir::TREE_FILE);
+        let pages = local.map(|b| b / farmem_sys::mem::PAGE_SIZE as u64);
+        farmem_runtime::tree_budget::create(&tree, pages)
+            .with_context(|| format!("creating {}", tree.display()))?;
+        cmd.env("FARMEM_TREE", &tree);
     }
     if let Some(p) = &a.policy {
         cmd.env("FARMEM_POLICY", p);

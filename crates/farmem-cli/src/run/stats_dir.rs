@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 
 const PREFIX: &str = "farmem-run-";
+/// The file of the budget the run's processes share (`FARMEM_TREE`).
+pub const TREE_FILE: &str = "tree-budget";
 
 /// Make this run's directory, after removing those of dead runs.
 pub fn make() -> Result<PathBuf> {
@@ -39,7 +41,8 @@ fn alive(pid: i32) -> bool {
 }
 
 /// Remove the directories of runs whose process is gone, when they hold nothing but the
-/// statistics files a run writes (`*.json`, `faults.*` of `farmem trace`). Best effort: a
+/// statistics files a run writes (`*.json`, `faults.*` of `farmem trace`) and its tree budget
+/// file. Best effort: a
 /// directory that cannot be read or removed is left.
 fn sweep(base: &Path) {
     let Ok(entries) = std::fs::read_dir(base) else {
@@ -68,7 +71,7 @@ fn only_statistics(dir: &Path) -> bool {
         let n = e.file_name();
         let n = n.to_string_lossy();
         e.file_type().is_ok_and(|t| t.is_file())
-            && (n.ends_with(".json") || n.starts_with("faults."))
+            && (n.ends_with(".json") || n.starts_with("faults.") || n == TREE_FILE)
     })
 }
 

@@ -1,0 +1,483 @@
+//! One budget for a whole process tree, as one memory cgroup's limit covers every process in
+//! it (`farmem run`'s default).
+//!
+//! Without it each process had a budget of its own: a parent with two forked workers held
+//! three budgets, and `bench programs`' python3 multiprocessing job used 1.9-2.7x the memory
+//! Linux's cgroup allowed the same tree.
+//!
+//! The processes share a small file mapped `MAP_SHARED` (`FARMEM_TREE`, made by `farmem
+//! run` in its private directory): a header with the tree's budget and a slot per process,
+//! where each control thread publishes what the process is charged (its anonymous memory
+//! less the far tiers', as in `process_budget.rs`) every time it measures, and reads the
+//! others'. A forked child inherits the mapping; an executed program maps the file again.
+//! A slot not refreshed for [`STALE_NS`] is ignored: its process ended, or executed a
+//! program farmem does not run.
+//!
+//! Each process then takes a share of the budget ([`share`]): free room is split evenly
+//! among the members, and when the tree is over its budget the members above an even share
+//! give back the excess in proportion; a member that is evicting below its even share
+//! claims room towards it. So a lone process has the whole budget, as before.
+//!
+//! Pages a forked child shares copy-on-write with its parent are one page of memory, but
+//! both processes' anonymous memory counts them. Members that forked measure how much of
+//! their memory is shared (`Pss_Anon` of `/proc/self/smaps_rollup`, a walk of the page
+//! tables: ~19 ms for 1 GiB resident here, so at most every [`ROLLUP_EVERY_COST`] times its
+//! own cost) and count their proportional share.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+/// File layout version (the first word is this magic).
+const MAGIC: u64 = 0x6661_726d_7472_6501; // "farmtre", 1
+/// Processes a tree file has room for; a process that finds none has a budget of its own.
+pub const SLOTS: usize = 1024;
+/// A slot older than this is not a member any more (its control thread refreshes it every
+/// 10 ms while the process lives).
+const STALE_NS: u64 = 1_000_000_000;
+/// The shared-memory measurement runs at most every this many times its own CPU time (≤ 5%
+/// of a CPU while the process shares memory), and not more often than every
+/// [`ROLLUP_MIN_NS`]: sharing falls fast after a fork (workers copy and evict pages), and
+/// an estimate 0.3-0.5 s old counted python3's idle parent at half its share.
+const ROLLUP_EVERY_COST: u64 = 20;
+const ROLLUP_MIN_NS: u64 = 20_000_000;
+
+#[repr(C)]
+struct Header {
+    magic: AtomicU64,
+    /// The tree's budget in pages (0: not set yet; the first member sets it).
+    budget: AtomicU64,
+    /// One past the highest slot ever taken (readers scan up to it).
+    used: AtomicU32,
+    _pad: [u32; 11],
+}
+
+#[repr(C)]
+struct Slot {
+    pid: AtomicU32,
+    /// Evicting at the last measurement (it wants more room).
+    pressed: AtomicU32,
+    /// Pages charged to the process.
+    charged: AtomicU64,
+    /// CLOCK_MONOTONIC of the last measurement.
+    updated_ns: AtomicU64,
+    _pad: [u64; 5],
+}
+
+const FILE_BYTES: usize = std::mem::size_of::<Header>() + SLOTS * std::mem::size_of::<Slot>();
+const _: () = assert!(std::mem::size_of::<Header>() == 64 && std::mem::size_of::<Slot>() == 64);
+
+/// CLOCK_MONOTONIC in nanoseconds: one clock for every process of the tree.
+fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into valid memory.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The tree file, mapped.
+pub struct TreeFile {
+    base: *const u8,
+}
+
+// SAFETY: the mapping lives as long as the process (it is never unmapped: a forked child
+// inherits it) and is only accessed through atomics.
+unsafe impl Send for TreeFile {}
+// SAFETY: as above.
+unsafe impl Sync for TreeFile {}
+
+/// Make an empty tree file at `path` (`farmem run`, before the program starts).
+pub fn create(path: &Path, budget_pages: Option<u64>) -> std::io::Result<()> {
+    let mut bytes = vec![0u8; FILE_BYTES];
+    bytes[..8].copy_from_slice(&MAGIC.to_ne_bytes());
+    bytes[8..16].copy_from_slice(&budget_pages.unwrap_or(0).to_ne_bytes());
+    std::fs::write(path, bytes)
+}
+
+impl TreeFile {
+    /// Map the tree file at `path`.
+    pub fn open(path: &Path) -> std::io::Result<TreeFile> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(path)?;
+        let len = f.metadata()?.len();
+        if len != FILE_BYTES as u64 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{}: not a tree budget file ({len} bytes)", path.display()),
+            ));
+        }
+        let base = farmem_sys::mem::sys_mmap(
+            0,
+            FILE_BYTES,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            0,
+        )
+        .map_err(std::io::Error::from_raw_os_error)? as *const u8;
+        let t = TreeFile { base };
+        if t.header().magic.load(Ordering::Relaxed) != MAGIC {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{}: not a tree budget file", path.display()),
+            ));
+        }
+        Ok(t)
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: the mapping is FILE_BYTES long, page-aligned and lives for the process;
+        // Header is made of atomics, valid for any bit pattern.
+        unsafe { &*(self.base as *const Header) }
+    }
+
+    fn slot(&self, i: usize) -> &Slot {
+        assert!(i < SLOTS);
+        // SAFETY: slot i lies inside the mapping (checked above); atomics only.
+        unsafe { &*(self.base.add(64 + 64 * i) as *const Slot) }
+    }
+
+    /// The tree's budget in pages, set to `mine` by the first member that finds none.
+    pub fn budget(&self, mine: usize) -> usize {
+        let h = &self.header().budget;
+        match h.compare_exchange(0, mine as u64, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => mine,
+            Err(b) => b as usize,
+        }
+    }
+
+    /// Change the tree's budget (`farmem ctl PID --local-mem` on any member).
+    pub fn set_budget(&self, pages: usize) {
+        self.header().budget.store(pages as u64, Ordering::Release);
+    }
+
+    /// Take a slot for `pid`: its own if it has one (a program executed by a member), else a
+    /// free or stale one. None when the file is full.
+    fn claim(&self, pid: u32, now: u64) -> Option<usize> {
+        let h = self.header();
+        let used = (h.used.load(Ordering::Acquire) as usize).min(SLOTS);
+        if let Some(i) = (0..used).find(|&i| self.slot(i).pid.load(Ordering::Acquire) == pid) {
+            return Some(i);
+        }
+        for i in 0..SLOTS {
+            let s = self.slot(i);
+            let p = s.pid.load(Ordering::Acquire);
+            let free =
+                p == 0 || now.saturating_sub(s.updated_ns.load(Ordering::Acquire)) > STALE_NS;
+            if free
+                && s.pid
+                    .compare_exchange(p, pid, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                s.updated_ns.store(now, Ordering::Release);
+                s.charged.store(0, Ordering::Release);
+                h.used.fetch_max(i as u32 + 1, Ordering::AcqRel);
+                return Some(i);
+            }
+        }
+        None
+    }
+}
+
+/// One member's view, for [`share`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub charged: usize,
+    /// Evicting (it wants more room than it has).
+    pub pressed: bool,
+}
+
+/// The pages member `me` may be charged, given the tree's budget and every member's charge
+/// (`me` included). Applied by every member to the same view, the shares add up to the
+/// budget: free room is split evenly; over the budget, the members above an even share give
+/// back the excess in proportion to how far above they are (never below the even share).
+/// A pressed member below its even share also claims up to 1/8 of it per measurement, which
+/// puts the tree over and so makes the larger members give room back.
+pub fn share(budget: usize, members: &[Member], me: usize) -> usize {
+    let n = members.len().max(1);
+    let fair = budget / n;
+    let mine = members[me];
+    let total: usize = members.iter().map(|m| m.charged).sum();
+    let claim = if mine.pressed && mine.charged < fair {
+        (fair - mine.charged).min((fair / 8).max(1))
+    } else {
+        0
+    };
+    if total <= budget {
+        let grow = (budget - total) / n;
+        return mine.charged + grow.max(claim);
+    }
+    if mine.charged <= fair {
+        return mine.charged + claim;
+    }
+    let over = total - budget;
+    let excess: usize = members.iter().map(|m| m.charged.saturating_sub(fair)).sum();
+    let cut = (over as u128 * (mine.charged - fair) as u128).div_ceil(excess.max(1) as u128);
+    mine.charged.saturating_sub(cut as usize).max(fair)
+}
+
+/// A process's membership: its slot and its measurement of shared memory.
+pub struct Membership {
+    file: TreeFile,
+    /// usize::MAX: no slot yet (or not a member: see `left`).
+    slot: AtomicUsize,
+    /// Left the tree for a budget of its own (a forked child with `fork_local_mem`).
+    left: std::sync::atomic::AtomicBool,
+    /// Pages of the process's memory that others are charged for (it shares them
+    /// copy-on-write after a fork: each sharer counts a part), and its memory then.
+    /// Between measurements the shared pages are taken to fall in proportion when the
+    /// process shrinks (it evicts shared and private pages alike: kept as a count, they made
+    /// python3's multiprocessing workers count half their memory) and to stay when it grows
+    /// (new pages are its own: kept as a fraction, they made workers that allocate after
+    /// the fork count a third of theirs).
+    shared_then: AtomicUsize,
+    unshared_then: AtomicUsize,
+    /// When to measure the shared pages next (0: never; 1: at once), CLOCK_MONOTONIC.
+    rollup_due_ns: AtomicU64,
+    /// Pages evicted at the last measurement (to tell a pressed member).
+    evicted_seen: AtomicU64,
+}
+
+impl Membership {
+    pub fn new(file: TreeFile) -> Membership {
+        Membership {
+            file,
+            slot: AtomicUsize::new(usize::MAX),
+            left: Default::default(),
+            shared_then: AtomicUsize::new(0),
+            unshared_then: AtomicUsize::new(0),
+            rollup_due_ns: AtomicU64::new(0),
+            evicted_seen: AtomicU64::new(0),
+        }
+    }
+
+    pub fn file(&self) -> &TreeFile {
+        &self.file
+    }
+
+    pub fn is_member(&self) -> bool {
+        !self.left.load(Ordering::Relaxed)
+    }
+
+    /// In a forked child: a new member (its own slot; what it shares with its parent is
+    /// measured first), or none with a budget of its own.
+    pub fn after_fork_in_child(&self, own_budget: bool) {
+        self.slot.store(usize::MAX, Ordering::Relaxed);
+        self.left.store(own_budget, Ordering::Relaxed);
+        self.evicted_seen.store(0, Ordering::Relaxed);
+        self.rollup_due_ns.store(1, Ordering::Relaxed);
+    }
+
+    /// In a parent after a fork: its memory is now shared with the child; measure it.
+    pub fn after_fork_in_parent(&self) {
+        self.rollup_due_ns.store(1, Ordering::Relaxed);
+    }
+
+    /// Leave the tree (the process ends): its slot is free at once.
+    pub fn leave(&self) {
+        let i = self.slot.swap(usize::MAX, Ordering::AcqRel);
+        if i != usize::MAX {
+            let s = self.file.slot(i);
+            let _ =
+                s.pid
+                    .compare_exchange(std::process::id(), 0, Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+
+    /// Publish this process's charge (`unshared`: its anonymous pages less the far tiers',
+    /// before the shared correction) and return it with its
+    /// share of the tree's budget (`asked` if the tree has none yet), or None when the
+    /// process is not a member (no room in the file).
+    pub fn measure(&self, asked: usize, unshared: usize, evicted: u64) -> Option<(usize, usize)> {
+        if !self.is_member() {
+            return None;
+        }
+        let now = monotonic_ns();
+        let pid = std::process::id();
+        let mut i = self.slot.load(Ordering::Relaxed);
+        if i == usize::MAX || self.file.slot(i).pid.load(Ordering::Acquire) != pid {
+            i = self.file.claim(pid, now)?;
+            self.slot.store(i, Ordering::Relaxed);
+        }
+        let members_before = self.others(i, now).len();
+        self.refresh_shared(now, unshared, members_before > 0);
+        let charged = unshared - self.shared_now(unshared);
+        let seen = self.evicted_seen.swap(evicted, Ordering::Relaxed);
+        let pressed = evicted != seen;
+        let s = self.file.slot(i);
+        s.charged.store(charged as u64, Ordering::Release);
+        s.pressed.store(pressed as u32, Ordering::Release);
+        s.updated_ns.store(now, Ordering::Release);
+        let mut members = self.others(i, now);
+        members.push(Member { charged, pressed });
+        let me = members.len() - 1;
+        let budget = self.file.budget(asked);
+        Some((charged, share(budget, &members, me)))
+    }
+
+    /// The other live members' views.
+    fn others(&self, mine: usize, now: u64) -> Vec<Member> {
+        let used = (self.file.header().used.load(Ordering::Acquire) as usize).min(SLOTS);
+        (0..used)
+            .filter(|&j| j != mine)
+            .map(|j| self.file.slot(j))
+            .filter(|s| {
+                s.pid.load(Ordering::Acquire) != 0
+                    && now.saturating_sub(s.updated_ns.load(Ordering::Acquire)) <= STALE_NS
+            })
+            .map(|s| Member {
+                charged: s.charged.load(Ordering::Acquire) as usize,
+                pressed: s.pressed.load(Ordering::Acquire) != 0,
+            })
+            .collect()
+    }
+
+    /// The pages of `unshared` others are charged for, estimated from the last measurement.
+    fn shared_now(&self, unshared: usize) -> usize {
+        let shared = self.shared_then.load(Ordering::Relaxed);
+        let then = self.unshared_then.load(Ordering::Relaxed);
+        if unshared >= then || then == 0 {
+            shared.min(unshared)
+        } else {
+            (shared as u128 * unshared as u128 / then as u128) as usize
+        }
+    }
+
+    /// Measure the shared part of the process's memory if it is due: only in a process that
+    /// forked or was forked, while other members live.
+    fn refresh_shared(&self, now: u64, unshared: usize, others_live: bool) {
+        let due = self.rollup_due_ns.load(Ordering::Relaxed);
+        if due == 0 || now < due {
+            return;
+        }
+        if !others_live {
+            // Nobody to share with any more.
+            self.shared_then.store(0, Ordering::Relaxed);
+            self.rollup_due_ns
+                .store(now + ROLLUP_MIN_NS, Ordering::Relaxed);
+            return;
+        }
+        // Its cost in CPU time: with more processes than CPUs the wall time is mostly waiting.
+        let t0 = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
+        let Some((anon_kib, pss_anon_kib)) = anon_and_pss() else {
+            self.rollup_due_ns.store(0, Ordering::Relaxed);
+            return;
+        };
+        let cost = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).saturating_sub(t0);
+        // The far tiers' memory, not charged, is assumed shared as much as the rest.
+        let shared_kib = anon_kib.saturating_sub(pss_anon_kib);
+        let shared = if anon_kib == 0 {
+            0
+        } else {
+            (unshared as u128 * shared_kib as u128 / anon_kib as u128) as usize
+        };
+        self.shared_then.store(shared, Ordering::Relaxed);
+        self.unshared_then.store(unshared, Ordering::Relaxed);
+        tracing::debug!(
+            anon_kib,
+            pss_anon_kib,
+            shared,
+            cost,
+            "tree budget: shared memory measured"
+        );
+        let next = (cost * ROLLUP_EVERY_COST).max(ROLLUP_MIN_NS);
+        self.rollup_due_ns
+            .store(if shared == 0 { 0 } else { now + next }, Ordering::Relaxed);
+    }
+}
+
+/// `Anonymous` and `Pss_Anon` of `/proc/self/smaps_rollup`, KiB.
+fn anon_and_pss() -> Option<(u64, u64)> {
+    let s = std::fs::read_to_string("/proc/self/smaps_rollup").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = s.lines().find(|l| l.starts_with(name))?;
+        line[name.len()..].split_whitespace().next()?.parse().ok()
+    };
+    Some((field("Anonymous:")?, field("Pss_Anon:")?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(charged: usize, pressed: bool) -> Member {
+        Member { charged, pressed }
+    }
+
+    #[test]
+    fn a_lone_member_has_the_whole_budget() {
+        assert_eq!(share(1000, &[m(0, false)], 0), 1000);
+        assert_eq!(share(1000, &[m(1500, true)], 0), 1000);
+    }
+
+    #[test]
+    fn shares_from_one_view_add_up_to_the_budget() {
+        let views: [&[Member]; 4] = [
+            &[m(100, false), m(200, true), m(50, false)],
+            &[m(900, false), m(300, true), m(10, true)],
+            &[m(600, true), m(600, true)],
+            &[m(999, false), m(1, true), m(0, false), m(0, false)],
+        ];
+        for v in views {
+            let total: usize = (0..v.len()).map(|i| share(1000, v, i)).sum();
+            let claims: usize = v
+                .iter()
+                .filter(|x| x.pressed && x.charged < 1000 / v.len())
+                .map(|x| (1000 / v.len() - x.charged).min(1000 / v.len() / 8))
+                .sum();
+            assert!(total <= 1000 + claims, "{v:?}: {total}");
+            assert!(total >= 1000 - v.len(), "{v:?}: {total}");
+        }
+    }
+
+    #[test]
+    fn members_over_an_even_share_give_back_and_a_pressed_one_claims() {
+        // A parent holding the whole budget and a new child that needs room.
+        let v = [m(1000, false), m(0, true)];
+        assert_eq!(share(1000, &v, 0), 1000, "nothing over yet");
+        assert_eq!(
+            share(1000, &v, 1),
+            62,
+            "the child claims an eighth of its share"
+        );
+        let v = [m(1000, false), m(62, true)];
+        assert_eq!(share(1000, &v, 0), 938, "the parent gives the excess back");
+        assert_eq!(share(1000, &v, 1), 124);
+        // Never below the even share.
+        let v = [m(600, false), m(900, true)];
+        assert_eq!(share(1000, &v, 0), 500);
+        assert_eq!(share(1000, &v, 1), 500);
+    }
+
+    #[test]
+    fn the_file_holds_members_and_forgets_stale_ones() {
+        let dir = std::env::temp_dir().join(format!("farmem-tree-test-{}", std::process::id()));
+        let _ = std::fs::remove_file(&dir);
+        create(&dir, None).unwrap();
+        let f = TreeFile::open(&dir).unwrap();
+        assert_eq!(f.budget(500), 500);
+        assert_eq!(f.budget(700), 500, "the first member sets it");
+        let now = monotonic_ns();
+        let a = f.claim(11, now).unwrap();
+        let b = f.claim(12, now).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(f.claim(11, now), Some(a), "the same process, the same slot");
+        // Stale: another process takes it.
+        let c = f.claim(13, now + 2 * STALE_NS).unwrap();
+        assert!(c == a || c == b);
+        let _ = std::fs::remove_file(&dir);
+        std::fs::write(&dir, b"short").unwrap();
+        assert!(TreeFile::open(&dir).is_err());
+        let _ = std::fs::remove_file(&dir);
+    }
+}
