@@ -309,8 +309,8 @@ impl Membership {
             i = self.file.claim(pid, now)?;
             self.slot.store(i, Ordering::Relaxed);
         }
-        let members_before = self.others(i, now).len();
-        self.refresh_shared(now, unshared, members_before > 0);
+        let mut members = self.others(i, now);
+        self.refresh_shared(now, unshared, !members.is_empty());
         let charged = unshared - self.shared_now(unshared);
         let seen = self.evicted_seen.swap(evicted, Ordering::Relaxed);
         let pressed = evicted != seen;
@@ -318,7 +318,6 @@ impl Membership {
         s.charged.store(charged as u64, Ordering::Release);
         s.pressed.store(pressed as u32, Ordering::Release);
         s.updated_ns.store(now, Ordering::Release);
-        let mut members = self.others(i, now);
         members.push(Member { charged, pressed });
         let me = members.len() - 1;
         let budget = self.file.budget(asked);
