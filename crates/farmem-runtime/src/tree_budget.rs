@@ -35,10 +35,14 @@ pub const SLOTS: usize = 1024;
 /// 10 ms while the process lives).
 const STALE_NS: u64 = 1_000_000_000;
 /// The shared-memory measurement runs at most every this many times its own CPU time (≤ 5%
-/// of a CPU while the process shares memory), and not more often than every
-/// [`ROLLUP_MIN_NS`]: sharing falls fast after a fork (workers copy and evict pages), and
-/// an estimate 0.3-0.5 s old counted python3's idle parent at half its share.
+/// of a CPU while the process shares memory and the tree is near its budget), and not more
+/// often than every [`ROLLUP_MIN_NS`]: sharing falls fast after a fork (workers copy and
+/// evict pages), and an estimate 0.3-0.5 s old counted python3's idle parent at half its
+/// share. With room to spare (the tree under 3/4 of its budget) the estimate matters
+/// little: every [`ROLLUP_ROOMY_COST`] times (0.5%); at 20x, python3's multiprocessing job
+/// with all its memory local ran 8% slower, in system time.
 const ROLLUP_EVERY_COST: u64 = 20;
+const ROLLUP_ROOMY_COST: u64 = 200;
 const ROLLUP_MIN_NS: u64 = 20_000_000;
 
 #[repr(C)]
@@ -242,8 +246,12 @@ pub struct Membership {
     /// the fork count a third of theirs).
     shared_then: AtomicUsize,
     unshared_then: AtomicUsize,
-    /// When to measure the shared pages next (0: never; 1: at once), CLOCK_MONOTONIC.
-    rollup_due_ns: AtomicU64,
+    /// When the shared pages were last measured (CLOCK_MONOTONIC; 0: at the next
+    /// measurement, after a fork), and what that cost in CPU time.
+    rollup_ns: AtomicU64,
+    rollup_cost_ns: AtomicU64,
+    /// The process may share memory with others (it forked or was forked).
+    may_share: std::sync::atomic::AtomicBool,
     /// Pages evicted at the last measurement (to tell a pressed member).
     evicted_seen: AtomicU64,
 }
@@ -256,7 +264,9 @@ impl Membership {
             left: Default::default(),
             shared_then: AtomicUsize::new(0),
             unshared_then: AtomicUsize::new(0),
-            rollup_due_ns: AtomicU64::new(0),
+            rollup_ns: AtomicU64::new(0),
+            rollup_cost_ns: AtomicU64::new(0),
+            may_share: Default::default(),
             evicted_seen: AtomicU64::new(0),
         }
     }
@@ -275,12 +285,14 @@ impl Membership {
         self.slot.store(usize::MAX, Ordering::Relaxed);
         self.left.store(own_budget, Ordering::Relaxed);
         self.evicted_seen.store(0, Ordering::Relaxed);
-        self.rollup_due_ns.store(1, Ordering::Relaxed);
+        self.rollup_ns.store(0, Ordering::Relaxed);
+        self.may_share.store(true, Ordering::Relaxed);
     }
 
     /// In a parent after a fork: its memory is now shared with the child; measure it.
     pub fn after_fork_in_parent(&self) {
-        self.rollup_due_ns.store(1, Ordering::Relaxed);
+        self.rollup_ns.store(0, Ordering::Relaxed);
+        self.may_share.store(true, Ordering::Relaxed);
     }
 
     /// Leave the tree (the process ends): its slot is free at once.
@@ -310,7 +322,10 @@ impl Membership {
             self.slot.store(i, Ordering::Relaxed);
         }
         let mut members = self.others(i, now);
-        self.refresh_shared(now, unshared, !members.is_empty());
+        let budget = self.file.budget(asked);
+        let others: usize = members.iter().map(|m| m.charged).sum();
+        let roomy = others + unshared - self.shared_now(unshared) < budget / 4 * 3;
+        self.refresh_shared(now, unshared, !members.is_empty(), roomy);
         let charged = unshared - self.shared_now(unshared);
         let seen = self.evicted_seen.swap(evicted, Ordering::Relaxed);
         let pressed = evicted != seen;
@@ -320,7 +335,6 @@ impl Membership {
         s.updated_ns.store(now, Ordering::Release);
         members.push(Member { charged, pressed });
         let me = members.len() - 1;
-        let budget = self.file.budget(asked);
         Some((charged, share(budget, &members, me)))
     }
 
@@ -354,25 +368,34 @@ impl Membership {
 
     /// Measure the shared part of the process's memory if it is due: only in a process that
     /// forked or was forked, while other members live.
-    fn refresh_shared(&self, now: u64, unshared: usize, others_live: bool) {
-        let due = self.rollup_due_ns.load(Ordering::Relaxed);
-        if due == 0 || now < due {
+    fn refresh_shared(&self, now: u64, unshared: usize, others_live: bool, roomy: bool) {
+        if !self.may_share.load(Ordering::Relaxed) {
             return;
         }
+        let last = self.rollup_ns.load(Ordering::Relaxed);
+        let every = if roomy {
+            ROLLUP_ROOMY_COST
+        } else {
+            ROLLUP_EVERY_COST
+        };
+        let wait = (self.rollup_cost_ns.load(Ordering::Relaxed) * every).max(ROLLUP_MIN_NS);
+        if last != 0 && now < last + wait {
+            return;
+        }
+        self.rollup_ns.store(now, Ordering::Relaxed);
         if !others_live {
-            // Nobody to share with any more.
+            // Nobody to share with now.
             self.shared_then.store(0, Ordering::Relaxed);
-            self.rollup_due_ns
-                .store(now + ROLLUP_MIN_NS, Ordering::Relaxed);
             return;
         }
         // Its cost in CPU time: with more processes than CPUs the wall time is mostly waiting.
         let t0 = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
         let Some((anon_kib, pss_anon_kib)) = anon_and_pss() else {
-            self.rollup_due_ns.store(0, Ordering::Relaxed);
+            self.may_share.store(false, Ordering::Relaxed);
             return;
         };
         let cost = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).saturating_sub(t0);
+        self.rollup_cost_ns.store(cost, Ordering::Relaxed);
         // The far tiers' memory, not charged, is assumed shared as much as the rest.
         let shared_kib = anon_kib.saturating_sub(pss_anon_kib);
         let shared = if anon_kib == 0 {
@@ -389,9 +412,10 @@ impl Membership {
             cost,
             "tree budget: shared memory measured"
         );
-        let next = (cost * ROLLUP_EVERY_COST).max(ROLLUP_MIN_NS);
-        self.rollup_due_ns
-            .store(if shared == 0 { 0 } else { now + next }, Ordering::Relaxed);
+        if shared == 0 {
+            // Nothing shared any more (a child that executed, or one that rewrote all).
+            self.may_share.store(false, Ordering::Relaxed);
+        }
     }
 }
 

@@ -109,7 +109,10 @@ mod tests {
             }
             d
         };
-        let gone = mk(&format!("farmem-run-{dead}-0"), &["1.json", "faults.7", TREE_FILE]);
+        let gone = mk(
+            &format!("farmem-run-{dead}-0"),
+            &["1.json", "faults.7", TREE_FILE],
+        );
         let empty = mk(&format!("farmem-run-{dead}-1"), &[]);
         let live = mk(&format!("farmem-run-{me}-0"), &["1.json"]);
         let other = mk(&format!("farmem-run-{dead}-2"), &["1.json", "notes.txt"]);
