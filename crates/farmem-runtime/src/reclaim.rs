@@ -419,10 +419,9 @@ fn verify(st: &State, victims: &mut [Victim]) {
 /// the backend has acknowledged. Each page's digest is kept for its next eviction (see
 /// `page/digest.rs`) when pages may be installed unverified.
 fn write_back(st: &State, dirty: &[&Victim]) -> Result<(), BackendError> {
-    let mut buf = PageBuf::new(dirty.len());
-    buf.set_len(dirty.len());
     let mut keys = Vec::with_capacity(dirty.len());
-    for (i, v) in dirty.iter().enumerate() {
+    let mut pages = Vec::with_capacity(dirty.len());
+    for v in dirty {
         let addr = v.vpn * PAGE_SIZE;
         let reg = st
             .region_of(addr)
@@ -432,25 +431,36 @@ fn write_back(st: &State, dirty: &[&Victim]) -> Result<(), BackendError> {
             page: reg.index_of(v.vpn),
         });
         // SAFETY: the page is locked by us, present and write-protected: it stays mapped
-        // and unchanged until we unmap it, so reading 4 KiB from it is sound.
-        let src = unsafe { std::slice::from_raw_parts(addr as *const u8, PAGE_SIZE) };
-        buf.page_mut(i).copy_from_slice(src);
+        // and unchanged until we unmap it (after this function returns), so reading 4 KiB
+        // from it is sound for as long as `pages` lives.
+        pages.push(unsafe { std::slice::from_raw_parts(addr as *const u8, PAGE_SIZE) });
     }
     let digests: Vec<u128> = if st.keeps_digests() {
         dirty
             .iter()
-            .enumerate()
-            .map(|(i, v)| match v.digest {
-                0 => digest::of(buf.page(i)),
+            .zip(&pages)
+            .map(|(v, page)| match v.digest {
+                0 => digest::of(page),
                 d => d, // taken by `verify` on the same, write-protected, contents
             })
             .collect()
     } else {
         Vec::new()
     };
-    st.backend
-        .submit_write(IoClass::WriteBack, keys, buf)
-        .wait(st.io_timeout)?;
+    // An in-process store reads the pages where they are; others get a copy to send.
+    match st.backend.write_in_place(&keys, &pages) {
+        Some(r) => r?,
+        None => {
+            let mut buf = PageBuf::new(dirty.len());
+            buf.set_len(dirty.len());
+            for (i, page) in pages.iter().enumerate() {
+                buf.page_mut(i).copy_from_slice(page);
+            }
+            st.backend
+                .submit_write(IoClass::WriteBack, keys, buf)
+                .wait(st.io_timeout)?;
+        }
+    }
     for (v, d) in dirty.iter().zip(digests) {
         digest::store(v.vpn, d);
     }

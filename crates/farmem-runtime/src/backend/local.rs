@@ -129,6 +129,17 @@ impl LocalBackend {
     }
 
     /// Store page `k`: compressed if that saves at least a size class, else raw.
+    /// Store each page under its key, replacing what the key held.
+    fn store_all(&self, keys: &[PageKey], pages: &[&[u8]]) -> Result<(), BackendError> {
+        for (&k, page) in keys.iter().zip(pages) {
+            let v = self.store(k, page)?;
+            if let Some(o) = self.index.insert(k, v) {
+                self.slabs.free(o.slot);
+            }
+        }
+        Ok(())
+    }
+
     fn store(&self, k: PageKey, page: &[u8]) -> Result<Stored, BackendError> {
         let full = || {
             BackendError::Full(format!(
@@ -381,16 +392,20 @@ impl Backend for LocalBackend {
         if let Some(short) = short_buffer(&keys, &buf) {
             return short;
         }
-        for (i, &k) in keys.iter().enumerate() {
-            let v = match self.store(k, buf.page(i)) {
-                Ok(v) => v,
-                Err(e) => return Completion::ready(Err(e)),
-            };
-            if let Some(o) = self.index.insert(k, v) {
-                self.slabs.free(o.slot);
-            }
+        let pages: Vec<&[u8]> = (0..keys.len()).map(|i| buf.page(i)).collect();
+        if let Err(e) = self.store_all(&keys, &pages) {
+            return Completion::ready(Err(e));
         }
+        drop(pages);
         Completion::ready(Ok(IoDone { keys, buf }))
+    }
+
+    fn write_in_place(
+        &self,
+        keys: &[PageKey],
+        pages: &[&[u8]],
+    ) -> Option<Result<(), BackendError>> {
+        Some(self.store_all(keys, pages))
     }
 
     fn forget(&self, keys: &[PageKey]) {

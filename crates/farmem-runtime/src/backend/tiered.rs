@@ -56,6 +56,42 @@ impl TieredBackend {
     }
 }
 
+impl TieredBackend {
+    /// Compress into the DRAM tier the pages that fit; the others (position, key) go to the
+    /// file.
+    fn compress_what_fits<'a>(
+        &self,
+        keys: &[PageKey],
+        page: impl Fn(usize) -> &'a [u8],
+    ) -> (Vec<PageKey>, Vec<(usize, PageKey)>) {
+        let mut to_file = Vec::new();
+        let mut in_dram = Vec::new();
+        for (i, &k) in keys.iter().enumerate() {
+            if self.dram.put_compressed(k, page(i), MAX_COMPRESSED) {
+                in_dram.push(k);
+            } else {
+                to_file.push((i, k));
+            }
+        }
+        (in_dram, to_file)
+    }
+
+    /// Write the file's pages (positions of `buf`), then drop the copies the new ones
+    /// replace: only once the new copies are stored may the old ones go.
+    fn finish_write(
+        &self,
+        in_dram: &[PageKey],
+        to_file: &[(usize, PageKey)],
+        buf: &PageBuf,
+    ) -> Result<(), BackendError> {
+        self.file.write_pages(to_file, buf)?;
+        self.file.forget(in_dram);
+        let moved: Vec<PageKey> = to_file.iter().map(|&(_, k)| k).collect();
+        self.dram.forget(&moved);
+        Ok(())
+    }
+}
+
 impl Backend for TieredBackend {
     fn describe(&self) -> String {
         format!("{} then {}", self.dram.codec_name(), self.file.describe())
@@ -90,23 +126,29 @@ impl Backend for TieredBackend {
         if let Some(short) = short_buffer(&keys, &buf) {
             return short;
         }
-        let mut to_file = Vec::new();
-        let mut in_dram = Vec::new();
-        for (i, &k) in keys.iter().enumerate() {
-            if self.dram.put_compressed(k, buf.page(i), MAX_COMPRESSED) {
-                in_dram.push(k);
-            } else {
-                to_file.push((i, k));
-            }
+        let (in_dram, to_file) = self.compress_what_fits(&keys, |i| buf.page(i));
+        match self.finish_write(&in_dram, &to_file, &buf) {
+            Ok(()) => Completion::ready(Ok(IoDone { keys, buf })),
+            Err(e) => Completion::ready(Err(e)),
         }
-        // Only now that the new copies are stored may the old ones go.
-        if let Err(e) = self.file.write_pages(&to_file, &buf) {
-            return Completion::ready(Err(e));
+    }
+
+    fn write_in_place(
+        &self,
+        keys: &[PageKey],
+        pages: &[&[u8]],
+    ) -> Option<Result<(), BackendError>> {
+        let (in_dram, to_file) = self.compress_what_fits(keys, |i| pages[i]);
+        // Pages that go to the file are gathered into a buffer (runs of it are written
+        // with one call each).
+        let mut buf = PageBuf::new(to_file.len());
+        buf.set_len(to_file.len());
+        let mut items = Vec::with_capacity(to_file.len());
+        for (j, &(i, k)) in to_file.iter().enumerate() {
+            buf.page_mut(j).copy_from_slice(pages[i]);
+            items.push((j, k));
         }
-        self.file.forget(&in_dram);
-        let moved: Vec<PageKey> = to_file.iter().map(|&(_, k)| k).collect();
-        self.dram.forget(&moved);
-        Completion::ready(Ok(IoDone { keys, buf }))
+        Some(self.finish_write(&in_dram, &items, &buf))
     }
 
     fn forget(&self, keys: &[PageKey]) {
