@@ -22,7 +22,11 @@
 //! both processes' anonymous memory counts them. Members that forked measure how much of
 //! their memory is shared (`Pss_Anon` of `/proc/self/smaps_rollup`, a walk of the page
 //! tables: ~19 ms for 1 GiB resident here, so at most every [`ROLLUP_EVERY_COST`] times its
-//! own cost) and count their proportional share.
+//! CPU cost near the budget, [`ROLLUP_ROOMY_COST`] times with room to spare) and count their
+//! part of the shared pages. Between measurements the count lags: a worker that evicts a
+//! page it shares with its parent frees nothing, and the page's charge moves to the parent
+//! at the parent's next measurement, so a tree whose workers start at once goes over its
+//! budget for a moment (four workers at 64 MiB: peaks of 83-93 MiB).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
