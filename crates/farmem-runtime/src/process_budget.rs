@@ -85,14 +85,12 @@ fn apply(st: &State) {
     match st
         .tree
         .as_ref()
-        .and_then(|t| Some((t, t.measure(asked, unshared, evicted)?)))
+        .and_then(|t| t.measure(asked, unshared, evicted))
     {
-        Some((t, (charged, mine))) => {
-            // The tree's budget may have been changed through another member.
-            st.asked_budget
-                .store(t.file().budget(asked), Ordering::Relaxed);
+        Some(m) => {
+            st.asked_budget.store(m.budget, Ordering::Relaxed);
             // What others are charged for (pages shared copy-on-write) is room here.
-            set_regions_budget(st, mine, unshared - charged, other)
+            set_regions_budget(st, m.mine, m.shared, other)
         }
         None => set_regions_budget(st, asked, 0, other),
     }

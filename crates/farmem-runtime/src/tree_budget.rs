@@ -31,6 +31,9 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
+// CLOCK_MONOTONIC: one clock for every process of the tree.
+use crate::fault_log::monotonic_ns;
+
 /// File layout version (the first word is this magic).
 const MAGIC: u64 = 0x6661_726d_7472_6501; // "farmtre", 1
 /// Processes a tree file has room for; a process that finds none has a budget of its own.
@@ -74,18 +77,14 @@ struct Slot {
 const FILE_BYTES: usize = std::mem::size_of::<Header>() + SLOTS * std::mem::size_of::<Slot>();
 const _: () = assert!(std::mem::size_of::<Header>() == 64 && std::mem::size_of::<Slot>() == 64);
 
-/// CLOCK_MONOTONIC in nanoseconds: one clock for every process of the tree.
-fn monotonic_ns() -> u64 {
-    clock_ns(libc::CLOCK_MONOTONIC)
-}
-
-fn clock_ns(clock: libc::clockid_t) -> u64 {
+/// This thread's CPU time in nanoseconds.
+fn thread_cpu_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime writes one timespec into valid memory.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
@@ -234,6 +233,16 @@ pub fn share(budget: usize, members: &[Member], me: usize) -> usize {
     mine.charged.saturating_sub(cut as usize).max(fair)
 }
 
+/// What a member's measurement found, in pages.
+pub struct Measured {
+    /// The tree's budget (`asked` if the tree had none yet; another member may change it).
+    pub budget: usize,
+    /// Of the process's memory, what others are charged for (shared copy-on-write).
+    pub shared: usize,
+    /// The process's share of the budget.
+    pub mine: usize,
+}
+
 /// A process's membership: its slot and its measurement of shared memory.
 pub struct Membership {
     file: TreeFile,
@@ -311,10 +320,9 @@ impl Membership {
     }
 
     /// Publish this process's charge (`unshared`: its anonymous pages less the far tiers',
-    /// before the shared correction) and return it with its
-    /// share of the tree's budget (`asked` if the tree has none yet), or None when the
-    /// process is not a member (no room in the file).
-    pub fn measure(&self, asked: usize, unshared: usize, evicted: u64) -> Option<(usize, usize)> {
+    /// before the shared correction) and return what its budget follows from, or None when
+    /// the process is not a member (no room in the file).
+    pub fn measure(&self, asked: usize, unshared: usize, evicted: u64) -> Option<Measured> {
         if !self.is_member() {
             return None;
         }
@@ -339,7 +347,11 @@ impl Membership {
         s.updated_ns.store(now, Ordering::Release);
         members.push(Member { charged, pressed });
         let me = members.len() - 1;
-        Some((charged, share(budget, &members, me)))
+        Some(Measured {
+            budget,
+            shared: unshared - charged,
+            mine: share(budget, &members, me),
+        })
     }
 
     /// The other live members' views.
@@ -393,12 +405,12 @@ impl Membership {
             return;
         }
         // Its cost in CPU time: with more processes than CPUs the wall time is mostly waiting.
-        let t0 = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
+        let t0 = thread_cpu_ns();
         let Some((anon_kib, pss_anon_kib)) = anon_and_pss() else {
             self.may_share.store(false, Ordering::Relaxed);
             return;
         };
-        let cost = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).saturating_sub(t0);
+        let cost = thread_cpu_ns().saturating_sub(t0);
         self.rollup_cost_ns.store(cost, Ordering::Relaxed);
         // The far tiers' memory, not charged, is assumed shared as much as the rest.
         let shared_kib = anon_kib.saturating_sub(pss_anon_kib);
