@@ -35,9 +35,11 @@ pub struct Measured {
     pub faults: u64,
     /// Bytes moved between local and far memory (or swap) in both directions.
     pub bytes_moved: u64,
-    /// Memory the run used at its peak, far copies included (0: not known): farmem, the
-    /// program's peak resident set (in-process far pages are in it) plus what a memory
-    /// server held for it; Linux, the cgroup's peak plus zram's peak memory use.
+    /// Memory the run used at its peak, far copies included (0: not known), charged the same
+    /// way on both sides: the peak of a memory cgroup holding the whole process tree (for
+    /// farmem with no limit, its in-process far pages in it) plus what a memory server held
+    /// for it, or zram's peak memory use. Pages of the program's files already cached (its
+    /// code, its libraries) are charged to neither, as a cgroup does not charge them.
     pub mem_used: u64,
     /// Mode-specific counters, for the JSON.
     pub detail: Value,
@@ -165,7 +167,15 @@ impl Runner<'_> {
             cmd.envs(job.env.iter().copied());
         }
         cmd.arg("--").args(job.argv);
-        let w = spawn_wait(&mut cmd, stderr_log, self.timeout, job.client)?;
+        // In a memory cgroup with no limit it reaches, so that its memory is measured as
+        // Linux swap's is: the resident set would also count the program's code and
+        // libraries, which neither cgroup is charged for (10 MiB for python3).
+        let cg = SwapBaseline::setup(SwapKind::None, 1 << 20, farmem_sys::mem::physical_memory())?;
+        let w = cg.run_with(cmd, |c| {
+            spawn_wait(c, stderr_log, self.timeout, job.client).map(|w| (w.status, w))
+        })?;
+        let tree_peak = cg.stats().mem_used();
+        cg.close()?;
         let stats: Value = std::fs::read_to_string(&stats_file)
             .ok()
             .and_then(|s| serde_json::from_str(&s).ok())
@@ -197,7 +207,11 @@ impl Runner<'_> {
         } else {
             0
         };
-        let used = w.peak_rss() + remote;
+        let used = if tree_peak > 0 {
+            tree_peak
+        } else {
+            w.peak_rss()
+        } + remote;
         Ok(finish(
             &w,
             stderr_log,

@@ -411,8 +411,9 @@ pub fn markdown(
     }
     table(
         &mut s,
-        "Memory used at the peak, MiB (farmem: resident set with in-process far pages, plus a \
-         server's share; Linux: cgroup peak plus zram's memory)",
+        "Memory used at the peak, MiB (the peak of a memory cgroup over the process tree, \
+         farmem's in-process far pages in it; plus a server's share for farmem, zram's memory \
+         for Linux)",
         workloads,
         pcts,
         &other,
