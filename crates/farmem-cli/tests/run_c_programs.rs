@@ -543,6 +543,70 @@ fn forked_workers_share_one_budget() {
     assert!(r.stat("pages_evicted") > 0, "{}", r.describe());
 }
 
+/// As root, `farmem run` puts the program's tree in a memory cgroup of its own and the budget
+/// covers what that cgroup is charged, as a cgroup's limit does: here a 32 MiB process the
+/// program starts without farmem (`env -u LD_PRELOAD`), beside a program filling 96 MiB under
+/// farmem, leaves that program the other half of a 64 MiB budget. Without the cgroup
+/// (`FARMEM_CGROUP=`, or not root) it had the whole budget. Both verify their data.
+#[test]
+fn memory_of_processes_farmem_does_not_run_is_within_the_budget() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: making the tree's cgroup needs root");
+        return;
+    }
+    let dir = Scratch::new("uncounted");
+    let hold = compile("hold", &dir);
+    let fill = compile("fill", &dir);
+    const MIB: u64 = 1 << 20;
+    let flag = dir.path("held");
+    let script = format!(
+        "env -u LD_PRELOAD -u FARMEM_PRELOAD {hold} 32 > {flag} & H=$!; \
+         until grep -q filled {flag}; do sleep 0.02; done; \
+         {fill} 96; R=$?; kill $H; exit $R",
+        hold = hold.display(),
+        flag = flag.display(),
+        fill = fill.display()
+    );
+    let run = |env: &[(&str, &str)]| {
+        let r = farmem_run_with(
+            &dir,
+            &["--local-mem", "64M"],
+            env,
+            Path::new("/bin/sh"),
+            &["-c", &script],
+        );
+        r.assert_success();
+        // The stand-in for the shell's statistics is the largest process it executed: fill.
+        (r.stat("peak_resident_pages") * 4096, r)
+    };
+    let (with_cgroup, r) = run(&[]);
+    let (without, _) = run(&[("FARMEM_CGROUP", "")]);
+    eprintln!(
+        "fill's peak far heap: {} KiB with the tree's cgroup, {} KiB without",
+        with_cgroup >> 10,
+        without >> 10
+    );
+    if r.stat("tree_uncounted_bytes") == 0 && with_cgroup > 48 * MIB {
+        eprintln!(
+            "skipped: no memory cgroup could be made here\n{}",
+            r.describe()
+        );
+        return;
+    }
+    assert!(
+        with_cgroup <= 32 * MIB + 6 * MIB,
+        "the 32 MiB held outside farmem left fill {} KiB of a 64 MiB budget\n{}",
+        with_cgroup >> 10,
+        r.describe()
+    );
+    assert!(
+        without > 48 * MIB,
+        "without the cgroup fill has the budget to itself: {} KiB",
+        without >> 10
+    );
+}
+
 /// Under `farmem run` the budget covers the whole process, as a memory cgroup's limit does:
 /// 12 MiB of anonymous memory the runtime does not manage (mapped with the raw system call)
 /// leaves the far heap the rest of a 32 MiB budget, and is reported as the program's other

@@ -82,6 +82,10 @@ pub struct Config {
     /// with [`BudgetScope::Process`]. None: each process has a budget of its own, so a parent
     /// and two workers hold up to three budgets locally.
     pub tree: Option<std::path::PathBuf>,
+    /// The memory cgroup of the process tree (`FARMEM_CGROUP`; `farmem run` makes one when
+    /// it runs as root): with `tree`, the budget also covers what the cgroup is charged that
+    /// no process counts (`cgroup_charge.rs`), as a cgroup's limit does.
+    pub cgroup: Option<std::path::PathBuf>,
     /// The compressor of the in-process compressed tiers (`FARMEM_COMPRESSOR`: `lz4`, the
     /// default, `zstd` or `zstd:LEVEL`).
     pub compressor: crate::backend::Codec,
@@ -197,6 +201,7 @@ impl Default for Config {
             far_copies: None,
             fork_local_mem: None,
             tree: None,
+            cgroup: None,
             compressor: Default::default(),
             fault_threads: 1,
             fault_spin_us: 50,
@@ -262,6 +267,9 @@ impl Config {
         }
         if let Some(v) = env("FARMEM_TREE").filter(|v| !v.is_empty()) {
             c.tree = Some(v.into());
+        }
+        if let Some(v) = env("FARMEM_CGROUP").filter(|v| !v.is_empty()) {
+            c.cgroup = Some(v.into());
         }
         if let Some(v) = env("FARMEM_BUDGET_SCOPE") {
             c.budget_scope = BudgetScope::parse(&v)?;

@@ -85,7 +85,7 @@ fn apply(st: &State) {
     match st
         .tree
         .as_ref()
-        .and_then(|t| t.measure(asked, unshared, evicted))
+        .and_then(|t| t.measure(asked, unshared, far_tiers, evicted))
     {
         Some(m) => {
             st.asked_budget.store(m.budget, Ordering::Relaxed);

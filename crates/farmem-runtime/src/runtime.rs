@@ -42,12 +42,28 @@ fn tree_membership(cfg: &Config) -> Option<crate::tree_budget::Membership> {
         return None;
     }
     match crate::tree_budget::TreeFile::open(path) {
-        Ok(f) => Some(crate::tree_budget::Membership::new(f)),
+        Ok(f) => Some(crate::tree_budget::Membership::new(f, tree_cgroup(cfg))),
         Err(e) => {
             tracing::warn!(
                 "the tree budget file {} cannot be used ({e}): this process has a budget of \
                  its own",
                 path.display()
+            );
+            None
+        }
+    }
+}
+
+/// The tree's cgroup counters, if the config names a cgroup this process is in.
+fn tree_cgroup(cfg: &Config) -> Option<crate::cgroup_charge::CgroupCharge> {
+    let dir = cfg.cgroup.as_ref()?;
+    match crate::cgroup_charge::CgroupCharge::open(dir) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::warn!(
+                "the tree's cgroup {} cannot be used ({e}): the budget covers the processes' \
+                 own memory only",
+                dir.display()
             );
             None
         }

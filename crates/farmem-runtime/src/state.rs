@@ -212,6 +212,10 @@ impl State {
         let mut s = self.stats.snapshot();
         s.budget_bytes = (self.asked_budget.load(Ordering::Relaxed) * PAGE_SIZE) as u64;
         s.other_bytes = (self.other_pages.load(Ordering::Relaxed) * PAGE_SIZE) as u64;
+        s.tree_uncounted_bytes = self
+            .tree
+            .as_ref()
+            .map_or(0, |t| (t.unattributed().max(0) as usize * PAGE_SIZE) as u64);
         s.resident_pages = self.resident.load(Ordering::Relaxed) as u64;
         let far = self.backend.usage();
         s.backend_bytes = far.stored_bytes;

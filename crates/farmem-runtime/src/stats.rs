@@ -48,6 +48,10 @@ macro_rules! counters {
             /// The process's anonymous memory outside far memory and the far tiers, counted
             /// within the budget ([`crate::BudgetScope::Process`]; else 0).
             pub other_bytes: u64,
+            /// Memory the process tree's cgroup is charged that no process of the tree
+            /// counts (page tables, processes farmem does not run), taken from the tree's
+            /// budget (`FARMEM_CGROUP`; else 0).
+            pub tree_uncounted_bytes: u64,
         }
 
         impl Counters {
@@ -206,6 +210,7 @@ impl StatsSnapshot {
             ("far_held_bytes", self.far_held_bytes),
             ("far_file_bytes", self.far_file_bytes),
             ("other_bytes", self.other_bytes),
+            ("tree_uncounted_bytes", self.tree_uncounted_bytes),
         ]);
         v
     }

@@ -27,6 +27,12 @@
 //! page it shares with its parent frees nothing, and the page's charge moves to the parent
 //! at the parent's next measurement, so a tree whose workers start at once goes over its
 //! budget for a moment (four workers at 64 MiB: peaks of 83-93 MiB).
+//!
+//! When the tree has a memory cgroup of its own (`FARMEM_CGROUP`, see `cgroup_charge.rs`),
+//! what it is charged is known exactly: the members publish their far tiers' memory too, and
+//! the cgroup's charge less the members' charges and far tiers is memory no member counts
+//! (page tables, processes farmem does not run, the shared estimate's error). The budget
+//! shared among the members is the tree's less that memory, as under a cgroup's limit.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -35,7 +41,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use crate::fault_log::monotonic_ns;
 
 /// File layout version (the first word is this magic).
-const MAGIC: u64 = 0x6661_726d_7472_6501; // "farmtre", 1
+const MAGIC: u64 = 0x6661_726d_7472_6502; // "farmtre", 2
 /// Processes a tree file has room for; a process that finds none has a budget of its own.
 pub const SLOTS: usize = 1024;
 /// A slot older than this is not a member any more (its control thread refreshes it every
@@ -71,7 +77,9 @@ struct Slot {
     charged: AtomicU64,
     /// CLOCK_MONOTONIC of the last measurement.
     updated_ns: AtomicU64,
-    _pad: [u64; 5],
+    /// Pages of the far tiers' memory in the process (not charged).
+    far: AtomicU64,
+    _pad: [u64; 4],
 }
 
 const FILE_BYTES: usize = std::mem::size_of::<Header>() + SLOTS * std::mem::size_of::<Slot>();
@@ -188,6 +196,7 @@ impl TreeFile {
             {
                 s.updated_ns.store(now, Ordering::Release);
                 s.charged.store(0, Ordering::Release);
+                s.far.store(0, Ordering::Release);
                 h.used.fetch_max(i as u32 + 1, Ordering::AcqRel);
                 return Some(i);
             }
@@ -267,10 +276,17 @@ pub struct Membership {
     may_share: std::sync::atomic::AtomicBool,
     /// Pages evicted at the last measurement (to tell a pressed member).
     evicted_seen: AtomicU64,
+    /// The tree's cgroup, when it has one this process is in.
+    cgroup: Option<crate::cgroup_charge::CgroupCharge>,
+    /// Pages the cgroup is charged that no member counts (negative: members count pages
+    /// twice), smoothed as `process_budget` smooths the other memory: up at once, down
+    /// slowly, so that members' charges published up to a measurement apart do not make
+    /// the budget swing.
+    unattributed: std::sync::atomic::AtomicIsize,
 }
 
 impl Membership {
-    pub fn new(file: TreeFile) -> Membership {
+    pub fn new(file: TreeFile, cgroup: Option<crate::cgroup_charge::CgroupCharge>) -> Membership {
         Membership {
             file,
             slot: AtomicUsize::new(usize::MAX),
@@ -281,6 +297,8 @@ impl Membership {
             rollup_cost_ns: AtomicU64::new(0),
             may_share: Default::default(),
             evicted_seen: AtomicU64::new(0),
+            cgroup,
+            unattributed: Default::default(),
         }
     }
 
@@ -319,10 +337,16 @@ impl Membership {
         }
     }
 
-    /// Publish this process's charge (`unshared`: its anonymous pages less the far tiers',
-    /// before the shared correction) and return what its budget follows from, or None when
-    /// the process is not a member (no room in the file).
-    pub fn measure(&self, asked: usize, unshared: usize, evicted: u64) -> Option<Measured> {
+    /// Publish this process's charge (`unshared`: its anonymous pages less the far tiers'
+    /// `far`, before the shared correction) and return what its budget follows from, or None
+    /// when the process is not a member (no room in the file).
+    pub fn measure(
+        &self,
+        asked: usize,
+        unshared: usize,
+        far: usize,
+        evicted: u64,
+    ) -> Option<Measured> {
         if !self.is_member() {
             return None;
         }
@@ -333,7 +357,7 @@ impl Membership {
             i = self.file.claim(pid, now)?;
             self.slot.store(i, Ordering::Relaxed);
         }
-        let mut members = self.others(i, now);
+        let (mut members, others_far) = self.others(i, now);
         let budget = self.file.budget(asked);
         let others: usize = members.iter().map(|m| m.charged).sum();
         let roomy = others + unshared - self.shared_now(unshared) < budget / 4 * 3;
@@ -344,31 +368,63 @@ impl Membership {
         let s = self.file.slot(i);
         s.charged.store(charged as u64, Ordering::Release);
         s.pressed.store(pressed as u32, Ordering::Release);
+        s.far.store(far as u64, Ordering::Release);
         s.updated_ns.store(now, Ordering::Release);
+        let counted = others + charged + others_far + far;
+        let shared_out = self.budget_less_unattributed(budget, counted);
         members.push(Member { charged, pressed });
         let me = members.len() - 1;
         Some(Measured {
             budget,
             shared: unshared - charged,
-            mine: share(budget, &members, me),
+            mine: share(shared_out, &members, me),
         })
     }
 
-    /// The other live members' views.
-    fn others(&self, mine: usize, now: u64) -> Vec<Member> {
+    /// The budget the members share: the tree's, less what its cgroup is charged beyond the
+    /// `counted` pages the members account for (their charges and far tiers). Kept within
+    /// half and twice the budget, so a wrong count cannot starve or flood the members.
+    fn budget_less_unattributed(&self, budget: usize, counted: usize) -> usize {
+        let Some(cg) = self.cgroup.as_ref().and_then(|c| c.pages()) else {
+            return budget;
+        };
+        let now = cg as isize - counted as isize;
+        let before = self.unattributed.load(Ordering::Relaxed);
+        let u = if now >= before {
+            now
+        } else {
+            before - ((before - now) >> 4).max(1)
+        };
+        self.unattributed.store(u, Ordering::Relaxed);
+        let b = budget as isize;
+        (b - u).clamp(b / 2, b * 2) as usize
+    }
+
+    /// Pages the tree's cgroup is charged that no member counts (0 without a cgroup).
+    pub fn unattributed(&self) -> isize {
+        self.unattributed.load(Ordering::Relaxed)
+    }
+
+    /// The other live members' views, and the far tiers' pages in them.
+    fn others(&self, mine: usize, now: u64) -> (Vec<Member>, usize) {
         let used = (self.file.header().used.load(Ordering::Acquire) as usize).min(SLOTS);
-        (0..used)
+        let mut far = 0;
+        let members = (0..used)
             .filter(|&j| j != mine)
             .map(|j| self.file.slot(j))
             .filter(|s| {
                 s.pid.load(Ordering::Acquire) != 0
                     && now.saturating_sub(s.updated_ns.load(Ordering::Acquire)) <= STALE_NS
             })
-            .map(|s| Member {
-                charged: s.charged.load(Ordering::Acquire) as usize,
-                pressed: s.pressed.load(Ordering::Acquire) != 0,
+            .map(|s| {
+                far += s.far.load(Ordering::Acquire) as usize;
+                Member {
+                    charged: s.charged.load(Ordering::Acquire) as usize,
+                    pressed: s.pressed.load(Ordering::Acquire) != 0,
+                }
             })
-            .collect()
+            .collect();
+        (members, far)
     }
 
     /// The pages of `unshared` others are charged for, estimated from the last measurement.

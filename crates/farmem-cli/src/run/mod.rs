@@ -6,6 +6,7 @@
 //! through, forwards termination signals, and reads the statistics the library writes at
 //! exit.
 
+mod cgroup;
 mod library;
 mod report;
 mod stats_dir;
@@ -27,7 +28,9 @@ use clap::Parser;
                   Programs it executes and children it makes with fork() run under farmem \
                   too, and --local-mem covers them all together, as one memory cgroup's \
                   limit does: each process takes a share (--fork-local-mem gives forked \
-                  children budgets of their own instead). A forked child keeps its far \
+                  children budgets of their own instead). As root the program also runs in \
+                  a memory cgroup of its own, with no limit, and the budget covers what \
+                  that cgroup is charged (page tables, processes farmem does not run). A forked child keeps its far \
                   pages far (with a tcp:// backend its memory is brought back local)."
 )]
 pub struct Args {
@@ -205,6 +208,8 @@ fn check_userfaultfd() -> Result<()> {
 pub struct Prepared {
     pub cmd: Command,
     pub local: Option<u64>,
+    /// The tree's memory cgroup, removed when dropped: keep it until the program ends.
+    pub cgroup: Option<cgroup::TreeCgroup>,
 }
 
 pub fn prepare(a: &Options, program: &[OsString], stats_dir: &Path) -> Result<Prepared> {
@@ -218,6 +223,7 @@ pub fn prepare(a: &Options, program: &[OsString], stats_dir: &Path) -> Result<Pr
     }
     let mut cmd = Command::new(&program[0]);
     cmd.args(&program[1..]);
+    let mut cgroup = None;
     let preload = match std::env::var_os("LD_PRELOAD") {
         Some(old) if !old.is_empty() => {
             let mut v = lib.clone().into_os_string();
@@ -249,6 +255,15 @@ pub fn prepare(a: &Options, program: &[OsString], stats_dir: &Path) -> Result<Pr
         farmem_runtime::tree_budget::create(&tree, pages)
             .with_context(|| format!("creating {}", tree.display()))?;
         cmd.env("FARMEM_TREE", &tree);
+        // And what the tree's cgroup is charged, where one can be made (a FARMEM_CGROUP
+        // given to farmem run is the user's choice: empty for none).
+        if std::env::var_os("FARMEM_CGROUP").is_none() {
+            cgroup = cgroup::TreeCgroup::create();
+        }
+        if let Some(c) = &cgroup {
+            c.join_on_spawn(&mut cmd);
+            cmd.env("FARMEM_CGROUP", c.dir());
+        }
     }
     if let Some(p) = &a.policy {
         cmd.env("FARMEM_POLICY", p);
@@ -260,12 +275,16 @@ pub fn prepare(a: &Options, program: &[OsString], stats_dir: &Path) -> Result<Pr
     // The config the program will see must be valid: check it here, with this process's
     // view of the same variables, so a bad value is reported before anything runs.
     check_config(local, &backend)?;
-    Ok(Prepared { cmd, local })
+    Ok(Prepared { cmd, local, cgroup })
 }
 
 pub fn run(a: Args) -> Result<()> {
     let stats_dir = tempdir()?;
-    let Prepared { mut cmd, local } = prepare(&a.opts, &a.cmd, &stats_dir)?;
+    let Prepared {
+        mut cmd,
+        local,
+        cgroup,
+    } = prepare(&a.opts, &a.cmd, &stats_dir)?;
     let forward = signals::Forwarder::install()?;
     let t0 = Instant::now();
     let child = match cmd.spawn() {
@@ -287,6 +306,7 @@ pub fn run(a: Args) -> Result<()> {
     let (status, ru) = wait_with_rusage(pid)?;
     forward.set_child(0);
     let wall = t0.elapsed();
+    drop(cgroup);
 
     let ended = Ended {
         pid,

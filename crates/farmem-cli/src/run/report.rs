@@ -168,6 +168,14 @@ impl Report {
                 mib(stat(m, "other_bytes"))
             );
         }
+        if stat(m, "tree_uncounted_bytes") > 0 {
+            let _ = writeln!(
+                o,
+                "  of the budget, the tree's memory no process counts {:.1} MiB (its cgroup's \
+                 page tables, processes farmem does not run)",
+                mib(stat(m, "tree_uncounted_bytes"))
+            );
+        }
         let far = pages("far_pages");
         if far > 0 {
             let (stored, held) = (pages("backend_bytes"), pages("far_held_bytes"));

@@ -111,6 +111,8 @@ pub fn run(a: Args) -> Result<()> {
     let work = run::tempdir()?;
     let prepared = run::prepare(&a.opts, &a.cmd, &work)?;
     let prepared_local = prepared.local;
+    // Kept until the program has ended (removed on drop).
+    let _cgroup = prepared.cgroup;
     let mut cmd = prepared.cmd;
     cmd.env("FARMEM_TRACE_DIR", &work);
 

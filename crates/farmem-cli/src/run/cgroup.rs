@@ -1,0 +1,164 @@
+//! A memory cgroup for the program's process tree, with no limit: it only counts. The
+//! runtime in each process reads what the tree is charged (`FARMEM_CGROUP`, see
+//! farmem-runtime's `cgroup_charge`), so that `--local-mem` covers what a cgroup's limit
+//! covers: page tables, processes farmem does not run, pages shared after fork.
+//!
+//! Made under the cgroup `farmem run` is in (so a cgroup around `farmem run` still counts
+//! the program), only where this process may: root, with the memory controller (v1, or v2
+//! where the parent delegates it). Anywhere else the program runs without one and the budget
+//! covers the processes' own memory, as before; nothing fails for it.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// The cgroup, removed when dropped (once its processes have ended).
+pub struct TreeCgroup {
+    dir: PathBuf,
+}
+
+impl TreeCgroup {
+    /// Make the cgroup, or None (with the reason in the log) where this process cannot.
+    pub fn create() -> Option<TreeCgroup> {
+        match parent_dir() {
+            Some(parent) => {
+                let dir = parent.join(format!("farmem-run-{}", std::process::id()));
+                match std::fs::create_dir(&dir) {
+                    Ok(()) => Some(TreeCgroup { dir }),
+                    Err(e) => {
+                        tracing::debug!("no cgroup for the tree: {}: {e}", dir.display());
+                        None
+                    }
+                }
+            }
+            None => {
+                tracing::debug!("no cgroup for the tree: no memory controller to use here");
+                None
+            }
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Start `cmd` inside the cgroup: it joins between fork and exec, so everything the
+    /// program allocates is charged there.
+    pub fn join_on_spawn(&self, cmd: &mut Command) {
+        let Ok(procs) = CString::new(self.dir.join("cgroup.procs").as_os_str().as_bytes()) else {
+            return;
+        };
+        // SAFETY: the hook runs in the child between fork and exec and only calls open,
+        // write and close (async-signal-safe) on memory allocated before the fork. A
+        // failure leaves the program outside the cgroup; its runtime then finds itself not
+        // in it and does without (`CgroupCharge::open`).
+        unsafe {
+            cmd.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd >= 0 {
+                    // "0": the writing process itself.
+                    libc::write(fd, b"0".as_ptr().cast(), 1);
+                    libc::close(fd);
+                }
+                Ok(())
+            });
+        }
+    }
+}
+
+impl Drop for TreeCgroup {
+    fn drop(&mut self) {
+        // The program's last processes may still be exiting (a daemon it left behind keeps
+        // the cgroup busy: then it stays, empty of charges once that process ends).
+        for _ in 0..50 {
+            match std::fs::remove_dir(&self.dir) {
+                Ok(()) => return,
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                Err(e) => {
+                    tracing::debug!("removing {}: {e}", self.dir.display());
+                    return;
+                }
+            }
+        }
+        tracing::warn!(
+            "the program's cgroup {} still has processes: left in place",
+            self.dir.display()
+        );
+    }
+}
+
+/// The directory of this process's memory cgroup, if this process may make cgroups in it.
+fn parent_dir() -> Option<PathBuf> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    // v1: a hierarchy with the memory controller.
+    let v1 = own.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, ctrls, path) = (f.next()?, f.next()?, f.next()?);
+        ctrls.split(',').any(|c| c == "memory").then_some(path)
+    });
+    if let Some(path) = v1 {
+        let mnt = mount_point(&mounts, |fstype, opts| {
+            fstype == "cgroup" && opts.split(',').any(|o| o == "memory")
+        })?;
+        let dir = join(&mnt, path);
+        return dir.join("memory.usage_in_bytes").exists().then_some(dir);
+    }
+    // v2: the unified hierarchy, if the parent hands the memory controller to children.
+    let path = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let mnt = mount_point(&mounts, |fstype, _| fstype == "cgroup2")?;
+    let dir = join(&mnt, path);
+    let delegated = std::fs::read_to_string(dir.join("cgroup.subtree_control")).ok()?;
+    delegated
+        .split_whitespace()
+        .any(|c| c == "memory")
+        .then_some(dir)
+}
+
+fn join(mnt: &Path, path: &str) -> PathBuf {
+    mnt.join(path.trim().trim_start_matches('/'))
+}
+
+/// The mount point of the first mount in `mountinfo` whose type and super options match.
+fn mount_point(mountinfo: &str, want: impl Fn(&str, &str) -> bool) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|l| {
+        // "id parent maj:min root mountpoint opts [optional...] - fstype source superopts"
+        let (left, right) = l.split_once(" - ")?;
+        let mnt = left.split_whitespace().nth(4)?;
+        let mut r = right.split_whitespace();
+        let fstype = r.next()?;
+        let superopts = r.nth(1).unwrap_or("");
+        want(fstype, superopts).then(|| PathBuf::from(mnt))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_points_of_v1_and_v2_hierarchies() {
+        let info = "30 25 0:26 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755\n\
+                    33 30 0:29 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory\n\
+                    34 30 0:30 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n";
+        let v1 = mount_point(info, |t, o| {
+            t == "cgroup" && o.split(',').any(|o| o == "memory")
+        });
+        assert_eq!(v1, Some(PathBuf::from("/sys/fs/cgroup/memory")));
+        let v2 = mount_point(info, |t, _| t == "cgroup2");
+        assert_eq!(v2, Some(PathBuf::from("/sys/fs/cgroup/unified")));
+        assert_eq!(
+            join(Path::new("/sys/fs/cgroup/memory"), "/a/b\n"),
+            PathBuf::from("/sys/fs/cgroup/memory/a/b")
+        );
+    }
+}
