@@ -259,6 +259,15 @@ pub(super) fn remove_cgroup(dir: &Path, version: CgVersion) -> Result<()> {
     if !dir.exists() {
         return Ok(());
     }
+    // Child cgroups first (`farmem run` makes one for its program's tree): a cgroup with
+    // children cannot be removed.
+    if let Ok(rd) = fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup(&e.path(), version)?;
+            }
+        }
+    }
     let kill_file = dir.join("cgroup.kill");
     if version == CgVersion::V2 && kill_file.exists() {
         let _ = write_sys(&kill_file, "1");

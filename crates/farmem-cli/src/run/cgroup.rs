@@ -6,7 +6,9 @@
 //! Made under the cgroup `farmem run` is in (so a cgroup around `farmem run` still counts
 //! the program), only where this process may: root, with the memory controller (v1, or v2
 //! where the parent delegates it). Anywhere else the program runs without one and the budget
-//! covers the processes' own memory, as before; nothing fails for it.
+//! covers the processes' own memory, as before; nothing fails for it. A `farmem run` killed
+//! with SIGKILL leaves its cgroup behind (empty once the program has ended): the next one
+//! started in the same cgroup removes it.
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -14,6 +16,31 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
+
+const PREFIX: &str = "farmem-run-";
+
+/// Remove the cgroups of earlier runs whose `farmem run` was killed before it could: its pid
+/// gone and no process left in them.
+fn sweep_stale(parent: &Path) {
+    let Ok(rd) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(PREFIX))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let empty = std::fs::read_to_string(e.path().join("cgroup.procs"))
+            .is_ok_and(|p| p.trim().is_empty());
+        if empty && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir(e.path());
+        }
+    }
+}
 
 /// The cgroup, removed when dropped (once its processes have ended).
 pub struct TreeCgroup {
@@ -25,7 +52,8 @@ impl TreeCgroup {
     pub fn create() -> Option<TreeCgroup> {
         match parent_dir() {
             Some(parent) => {
-                let dir = parent.join(format!("farmem-run-{}", std::process::id()));
+                sweep_stale(&parent);
+                let dir = parent.join(format!("{PREFIX}{}", std::process::id()));
                 match std::fs::create_dir(&dir) {
                     Ok(()) => Some(TreeCgroup { dir }),
                     Err(e) => {
