@@ -62,6 +62,9 @@ struct fm_stats {
     uint64_t far_pages, far_held_bytes, far_file_bytes;
     uint64_t other_bytes; /* the process's other anonymous memory, within the budget under
                              farmem run (FARMEM_BUDGET_SCOPE=process), else 0 */
+    uint64_t tree_uncounted_bytes; /* memory of the process tree's cgroup that no process of
+                                      it counts, within the tree's budget (FARMEM_CGROUP),
+                                      else 0 */
 };
 
 /* Start the process-wide runtime from FARMEM_* environment variables (FARMEM_LOCAL_MEM,
