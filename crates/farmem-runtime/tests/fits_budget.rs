@@ -163,8 +163,13 @@ fn speculative_zero_fills_run_to_the_end_of_a_known_allocation_and_stop_there() 
         wr_at(&r, p * PAGE_SIZE, p as u64 + 7);
     }
     let after = rt.stats();
+    // The block rule: the 300 pages rounded up to their 16-page block (304). A fault the
+    // control thread serves for a busy fault thread may install one page more (CI: 305
+    // installed with 2 stolen faults and 1 spurious); the whole predicted window, as before
+    // the block rule, installed 325.
+    let stolen = (after.stolen_faults - before.stolen_faults) as usize;
     assert!(
-        ((after.pages_installed - before.pages_installed) as usize) <= 304,
+        ((after.pages_installed - before.pages_installed) as usize) <= 304 + stolen,
         "{after}"
     );
     for p in 0..300 {
