@@ -389,12 +389,7 @@ impl Membership {
             return budget;
         };
         let now = cg as isize - counted as isize;
-        let before = self.unattributed.load(Ordering::Relaxed);
-        let u = if now >= before {
-            now
-        } else {
-            before - ((before - now) >> 4).max(1)
-        };
+        let u = follow_unattributed(self.unattributed.load(Ordering::Relaxed), now);
         self.unattributed.store(u, Ordering::Relaxed);
         let b = budget as isize;
         (b - u).clamp(b / 2, b * 2) as usize
@@ -491,6 +486,25 @@ impl Membership {
     }
 }
 
+/// Pages within which a new measurement of the unattributed charge leaves the old one as it
+/// is. The kernel charges a cgroup in batches of 64 pages per CPU (`MEMCG_CHARGE_BATCH`), so
+/// its count moves by that much while the program does nothing: following it would move the
+/// budget, and evict, while the program is idle.
+const UNATTRIBUTED_DEAD_BAND: isize = 2 * 64;
+
+/// The unattributed charge after measuring `now` where it was `before`: a rise beyond the
+/// dead band is taken at once (memory the members must make room for), a fall is followed
+/// by 1/16 of the gap per measurement (a freed page cache or an exited helper may return).
+fn follow_unattributed(before: isize, now: isize) -> isize {
+    if now > before + UNATTRIBUTED_DEAD_BAND {
+        now
+    } else if now < before - UNATTRIBUTED_DEAD_BAND {
+        before - ((before - now) >> 4).max(1)
+    } else {
+        before
+    }
+}
+
 /// `Anonymous` and `Pss_Anon` of `/proc/self/smaps_rollup`, KiB.
 fn anon_and_pss() -> Option<(u64, u64)> {
     let s = std::fs::read_to_string("/proc/self/smaps_rollup").ok()?;
@@ -574,5 +588,21 @@ mod tests {
         std::fs::write(&dir, b"short").unwrap();
         assert!(TreeFile::open(&dir).is_err());
         let _ = std::fs::remove_file(&dir);
+    }
+
+    #[test]
+    fn the_unattributed_charge_ignores_batching_noise_rises_at_once_and_falls_slowly() {
+        // Within the kernel's charge batches: no change, so an idle program's budget holds.
+        assert_eq!(follow_unattributed(1000, 1000 + 100), 1000);
+        assert_eq!(follow_unattributed(1000, 1000 - 100), 1000);
+        // A real rise is taken whole.
+        assert_eq!(follow_unattributed(1000, 5000), 5000);
+        // A real fall is followed by 1/16 of the gap per measurement.
+        assert_eq!(follow_unattributed(5000, 1000), 5000 - 250);
+        let mut u = 5000;
+        for _ in 0..200 {
+            u = follow_unattributed(u, 1000);
+        }
+        assert!((1000..=1000 + UNATTRIBUTED_DEAD_BAND).contains(&u), "{u}");
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod host;
 pub mod mem;
+pub mod mounts;
 pub mod process;
 pub mod random;
 pub mod sched;

@@ -2,6 +2,7 @@
 //! entering it and removing it.
 
 use super::*;
+use farmem_sys::mounts::{cgroup_dir_in, own_cgroup, parse_mountinfo};
 
 /// Where the baseline's cgroup goes.
 pub(super) struct CgroupPlan {
@@ -14,68 +15,12 @@ pub(super) struct CgroupPlan {
     pub(super) enable_memory_in: Option<PathBuf>,
 }
 
-/// One line of `/proc/self/mountinfo`.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) struct Mount {
-    pub(super) root: String,
-    pub(super) point: PathBuf,
-    pub(super) fstype: String,
-    pub(super) super_opts: String,
-}
-
-pub(super) fn parse_mountinfo(s: &str) -> Vec<Mount> {
-    s.lines()
-        .filter_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            let lf: Vec<&str> = left.split(' ').collect();
-            let rf: Vec<&str> = right.split(' ').collect();
-            Some(Mount {
-                root: unescape_octal(lf.get(3)?),
-                point: PathBuf::from(unescape_octal(lf.get(4)?)),
-                fstype: rf.first()?.to_string(),
-                super_opts: rf.get(2).unwrap_or(&"").to_string(),
-            })
-        })
-        .collect()
-}
-
-/// This process's cgroup path: in the v1 hierarchy holding `controller`, or (None) in v2.
-pub(super) fn own_cgroup(proc_cgroup: &str, controller: Option<&str>) -> Option<String> {
-    proc_cgroup.lines().find_map(|l| {
-        let mut f = l.splitn(3, ':');
-        let (id, ctrls, path) = (f.next()?, f.next()?, f.next()?);
-        let hit = match controller {
-            Some(c) => ctrls.split(',').any(|x| x == c),
-            None => id == "0" && ctrls.is_empty(),
-        };
-        hit.then(|| path.to_string())
-    })
-}
-
-/// The directory of cgroup `path` under mount `m`, or None when the mount does not show it.
-pub(super) fn cgroup_dir_in(m: &Mount, path: &str) -> Option<PathBuf> {
-    let rel = if m.root == "/" {
-        path
-    } else {
-        let rest = path.strip_prefix(m.root.as_str())?;
-        if !(rest.is_empty() || rest.starts_with('/')) {
-            return None;
-        }
-        rest
-    };
-    let dir = m.point.join(rel.trim_start_matches('/'));
-    dir.is_dir().then_some(dir)
-}
-
 pub(super) fn detect_cgroup() -> Result<CgroupPlan> {
     let mounts = parse_mountinfo(
         &fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?,
     );
     let own = fs::read_to_string("/proc/self/cgroup").context("reading /proc/self/cgroup")?;
-    if let Some(m) = mounts
-        .iter()
-        .find(|m| m.fstype == "cgroup" && m.super_opts.split(',').any(|o| o == "memory"))
-    {
+    if let Some(m) = mounts.iter().find(|m| m.is_v1_with("memory")) {
         let parent = own_cgroup(&own, Some("memory"))
             .and_then(|p| cgroup_dir_in(m, &p))
             .unwrap_or_else(|| m.point.clone());

@@ -2,6 +2,7 @@
 //! swapoff; what /proc/swaps, zram and vmstat say.
 
 use super::*;
+use farmem_sys::mounts::unescape_octal;
 
 pub(super) fn zram_sys(n: u32) -> PathBuf {
     PathBuf::from(format!("/sys/block/zram{n}"))

@@ -82,28 +82,6 @@ pub(super) fn run_tool(name: &str, args: &[&str]) -> Result<Output> {
     Ok(out)
 }
 
-/// Undoes the octal escapes (`\040` for a space) of /proc/swaps and mountinfo.
-pub(super) fn unescape_octal(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let code = (b[i] == b'\\' && i + 3 < b.len())
-            .then(|| &b[i + 1..i + 4])
-            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)))
-            .map(|d| d.iter().fold(0u32, |v, c| v * 8 + u32::from(c - b'0')))
-            .and_then(|v| u8::try_from(v).ok());
-        if let Some(c) = code {
-            out.push(c);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// 268435456 -> "256 MiB", 1610612736 -> "1.5 GiB".
 pub(super) fn human(b: u64) -> String {
     for (unit, name) in [(1u64 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")] {

@@ -4,6 +4,7 @@
 //! `FARMEM_SWAP_HELPER` names them.
 
 use super::*;
+use farmem_sys::mounts::parse_mountinfo;
 use std::io::{BufRead, BufReader};
 use std::process::{ExitStatus, Stdio};
 use std::sync::mpsc;
@@ -466,38 +467,10 @@ fn parses_proc_swaps() {
 }
 
 #[test]
-fn parses_mountinfo_and_cgroup_paths() {
-    let mi = "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n\
-              41 31 0:38 /docker/ab /sys/fs/cgroup/un\\040ified rw - cgroup2 cgroup2 rw\n";
-    let m = parse_mountinfo(mi);
-    assert_eq!(m.len(), 2);
-    assert_eq!(m[0].point, PathBuf::from("/sys/fs/cgroup/memory"));
-    assert_eq!(m[0].super_opts, "rw,memory");
-    assert_eq!(m[1].root, "/docker/ab");
-    assert_eq!(m[1].point, PathBuf::from("/sys/fs/cgroup/un ified"));
-    assert_eq!(m[1].fstype, "cgroup2");
-    let pc = "5:devices:/\n4:memory:/a/b\n1:name=systemd:/\n0::/user.slice\n";
-    assert_eq!(own_cgroup(pc, Some("memory")).as_deref(), Some("/a/b"));
-    assert_eq!(own_cgroup(pc, None).as_deref(), Some("/user.slice"));
-    assert_eq!(own_cgroup("0::/\n", Some("memory")), None);
-    // A mount of a subtree shows only cgroups inside it.
-    let sub = Mount {
-        root: "/docker/ab".into(),
-        point: PathBuf::from("/"),
-        fstype: "cgroup2".into(),
-        super_opts: String::new(),
-    };
-    assert_eq!(cgroup_dir_in(&sub, "/docker/abc"), None);
-    assert_eq!(cgroup_dir_in(&sub, "/other"), None);
-    assert_eq!(cgroup_dir_in(&sub, "/docker/ab"), Some(PathBuf::from("/")));
-}
-
-#[test]
 fn formats_sizes() {
     assert_eq!(human(256 * MIB), "256 MiB");
     assert_eq!(human(2 << 30), "2 GiB");
     assert_eq!(human(3 << 29), "1.5 GiB");
     assert_eq!(human(1536), "1.5 KiB");
     assert_eq!(human(100), "100 B");
-    assert_eq!(unescape_octal("a\\040b\\\\c\\0"), "a b\\\\c\\0");
 }

@@ -17,6 +17,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use farmem_sys::mounts;
+
 const PREFIX: &str = "farmem-run-";
 
 /// Remove the cgroups of earlier runs whose `farmem run` was killed before it could: its pid
@@ -127,66 +129,18 @@ fn parent_dir() -> Option<PathBuf> {
         return None;
     }
     let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mounts = mounts::own_mounts();
     // v1: a hierarchy with the memory controller.
-    let v1 = own.lines().find_map(|l| {
-        let mut f = l.splitn(3, ':');
-        let (_, ctrls, path) = (f.next()?, f.next()?, f.next()?);
-        ctrls.split(',').any(|c| c == "memory").then_some(path)
-    });
-    if let Some(path) = v1 {
-        let mnt = mount_point(&mounts, |fstype, opts| {
-            fstype == "cgroup" && opts.split(',').any(|o| o == "memory")
-        })?;
-        let dir = join(&mnt, path);
+    if let Some(m) = mounts.iter().find(|m| m.is_v1_with("memory")) {
+        let dir = mounts::cgroup_dir_in(m, &mounts::own_cgroup(&own, Some("memory"))?)?;
         return dir.join("memory.usage_in_bytes").exists().then_some(dir);
     }
     // v2: the unified hierarchy, if the parent hands the memory controller to children.
-    let path = own.lines().find_map(|l| l.strip_prefix("0::"))?;
-    let mnt = mount_point(&mounts, |fstype, _| fstype == "cgroup2")?;
-    let dir = join(&mnt, path);
+    let m = mounts.iter().find(|m| m.fstype == "cgroup2")?;
+    let dir = mounts::cgroup_dir_in(m, &mounts::own_cgroup(&own, None)?)?;
     let delegated = std::fs::read_to_string(dir.join("cgroup.subtree_control")).ok()?;
     delegated
         .split_whitespace()
         .any(|c| c == "memory")
         .then_some(dir)
-}
-
-fn join(mnt: &Path, path: &str) -> PathBuf {
-    mnt.join(path.trim().trim_start_matches('/'))
-}
-
-/// The mount point of the first mount in `mountinfo` whose type and super options match.
-fn mount_point(mountinfo: &str, want: impl Fn(&str, &str) -> bool) -> Option<PathBuf> {
-    mountinfo.lines().find_map(|l| {
-        // "id parent maj:min root mountpoint opts [optional...] - fstype source superopts"
-        let (left, right) = l.split_once(" - ")?;
-        let mnt = left.split_whitespace().nth(4)?;
-        let mut r = right.split_whitespace();
-        let fstype = r.next()?;
-        let superopts = r.nth(1).unwrap_or("");
-        want(fstype, superopts).then(|| PathBuf::from(mnt))
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn mount_points_of_v1_and_v2_hierarchies() {
-        let info = "30 25 0:26 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755\n\
-                    33 30 0:29 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory\n\
-                    34 30 0:30 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n";
-        let v1 = mount_point(info, |t, o| {
-            t == "cgroup" && o.split(',').any(|o| o == "memory")
-        });
-        assert_eq!(v1, Some(PathBuf::from("/sys/fs/cgroup/memory")));
-        let v2 = mount_point(info, |t, _| t == "cgroup2");
-        assert_eq!(v2, Some(PathBuf::from("/sys/fs/cgroup/unified")));
-        assert_eq!(
-            join(Path::new("/sys/fs/cgroup/memory"), "/a/b\n"),
-            PathBuf::from("/sys/fs/cgroup/memory/a/b")
-        );
-    }
 }
