@@ -270,7 +270,10 @@ pub(crate) fn run(st: Arc<State>) {
     // Running: a forked child's handler stops serving faults for it (`fork.rs`).
     st.fault_thread_up.store(true, Ordering::Release);
     let mut server = FaultServer::new();
-    let mut placement = Placement::start(st.cfg.fault_follow && st.cfg.fault_threads == 1);
+    let mut placement = Placement::start(
+        st.cfg.fault_follow && st.cfg.fault_threads == 1,
+        st.backend.completion_cpus(),
+    );
     let spin = std::time::Duration::from_micros(st.cfg.fault_spin_us);
     let mut last_event = Instant::now();
     let mut fds = [
@@ -300,7 +303,8 @@ pub(crate) fn run(st: Arc<State>) {
             let now = st.now_ns();
             st.protect_handoff.faults_read(now);
             if let Some(p) = placement.as_mut() {
-                p.after_faults(&st.placement, &st.stats.c, server.last_tid, n, now);
+                let reads = st.backend.disk_reads();
+                p.after_faults(&st.placement, &st.stats.c, server.last_tid, n, now, reads);
                 st.protect_handoff.set_following(p.following());
             }
             continue;

@@ -214,12 +214,18 @@ pub(crate) struct Placement {
     /// Where the faulting threads seen since `window_ns` ran: (thread, CPU), a few.
     window: Vec<(u32, u32)>,
     window_ns: u64,
+    /// The CPUs the far file's disk interrupts with its completions, when only some do
+    /// (and the fault thread may use them): while faults read from the disk, the pair sits
+    /// on one of those rather than wherever the program ran.
+    near_disk: Vec<u32>,
+    /// The backend's disk reads at the last look.
+    disk_reads_seen: u64,
 }
 
 impl Placement {
     /// The placement of a fault thread, if `on`; `None` leaves it where the scheduler puts
     /// it (off, one CPU, or the thread's CPUs unknown).
-    pub(crate) fn start(on: bool) -> Option<Placement> {
+    pub(crate) fn start(on: bool, near_disk: Option<Vec<u32>>) -> Option<Placement> {
         if !on {
             return None;
         }
@@ -240,6 +246,12 @@ impl Placement {
             where_threads_run: sched::ThreadCpu::default(),
             window: Vec::with_capacity(WINDOW_LOOKS),
             window_ns: 0,
+            near_disk: near_disk
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|&c| sched::has_cpu(&allowed, c))
+                .collect(),
+            disk_reads_seen: 0,
         })
     }
 
@@ -257,6 +269,7 @@ impl Placement {
         tid: u32,
         n: usize,
         now_ns: u64,
+        disk_reads: u64,
     ) {
         if sh.paused_until_ns.load(Ordering::Acquire) > now_ns {
             self.stop(sh);
@@ -304,11 +317,25 @@ impl Placement {
             self.stop(sh);
             return;
         }
-        if !sched::has_cpu(&self.allowed, cpu) || !sh.pin_program(tid, cpu, now_ns) {
+        // Faults that read from the disk are served beside its interrupts if the program
+        // may run there; otherwise where the program runs.
+        let from_disk = disk_reads != self.disk_reads_seen;
+        self.disk_reads_seen = disk_reads;
+        let near = match self.near_disk.first() {
+            Some(&d) if from_disk && !self.near_disk.contains(&cpu) => Some(d),
+            _ => None,
+        };
+        let placed = near
+            .filter(|&d| sh.pin_program(tid, d, now_ns))
+            .or_else(|| {
+                (sched::has_cpu(&self.allowed, cpu) && sh.pin_program(tid, cpu, now_ns))
+                    .then_some(cpu)
+            });
+        let Some(cpu) = placed else {
             // Not kept on one CPU: the fault thread would be left behind at its next move.
             self.stop(sh);
             return;
-        }
+        };
         if self.pinned != Some(cpu) && sched::pin_to(cpu).is_ok() {
             self.pinned = Some(cpu);
             add(&stats.fault_thread_moves, 1);

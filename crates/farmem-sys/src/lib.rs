@@ -3,6 +3,7 @@
 //! Shared by the runtime, the C library, the memory server and the tools; depends on
 //! nothing of farmem.
 
+pub mod disk_irqs;
 pub mod host;
 pub mod mem;
 pub mod mounts;

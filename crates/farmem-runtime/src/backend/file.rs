@@ -27,6 +27,7 @@ use parking_lot::Mutex;
 use farmem_proto::{IoClass, PageKey};
 use farmem_sys::mem::PAGE_SIZE;
 
+use super::awake::Awake;
 use super::error::BackendError;
 use super::index::PageIndex;
 use super::io::{short_buffer, Backend, Completion, FarUsage, IoDone, PageBuf};
@@ -151,6 +152,12 @@ pub struct FileBackend {
     /// False when a forked child could not make a file of its own: it writes nothing then.
     writable: AtomicBool,
     pins: Pins,
+    /// Keeps the reading CPU out of its halt while a read is in flight.
+    awake: Awake,
+    /// The CPUs the disk's completions interrupt, when not all (read once at the start).
+    completion_cpus: Option<Vec<u32>>,
+    /// Calls that read from the disk.
+    reads: AtomicU64,
 }
 
 /// Why `dir` cannot hold a file tier, if it cannot: missing, not a directory, in memory
@@ -246,6 +253,8 @@ impl FileBackend {
             );
         }
         let cluster_bytes = CLUSTER as u64 * PAGE_SIZE as u64;
+        let completion_cpus = farmem_sys::disk_irqs::completion_cpus(file.as_raw_fd());
+        tracing::debug!("far file's disk completes on CPUs {completion_cpus:?} (None: all)");
         Ok(FileBackend {
             file,
             dir: dir.to_path_buf(),
@@ -257,6 +266,9 @@ impl FileBackend {
             inherited: AtomicU64::new(0),
             writable: AtomicBool::new(true),
             pins: Pins::default(),
+            awake: Awake::new(),
+            completion_cpus,
+            reads: AtomicU64::new(0),
         })
     }
 
@@ -412,6 +424,11 @@ impl FileBackend {
                 }
             }
         }
+        if placed.is_empty() {
+            return Ok(());
+        }
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        let _awake = self.awake.during_read();
         for (i, slot, n) in Self::runs(&placed) {
             let bytes = &mut buf.bytes_mut()[i * PAGE_SIZE..(i + n) * PAGE_SIZE];
             // The descriptor outlives the read (this object holds it); the File is only
@@ -549,6 +566,14 @@ impl Backend for FileBackend {
 
     fn completes_inline(&self) -> bool {
         true
+    }
+
+    fn completion_cpus(&self) -> Option<Vec<u32>> {
+        self.completion_cpus.clone()
+    }
+
+    fn disk_reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
     }
 }
 

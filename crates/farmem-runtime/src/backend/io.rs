@@ -393,6 +393,17 @@ pub trait Backend: Send + Sync {
         let _ = (keys, locked);
     }
 
+    /// The CPUs that take the completion interrupts of this backend's disk, when only some
+    /// of them do (`farmem_sys::disk_irqs`): a thread waiting for its reads is best on one.
+    fn completion_cpus(&self) -> Option<Vec<u32>> {
+        None
+    }
+
+    /// Reads this backend has made from a disk so far.
+    fn disk_reads(&self) -> u64 {
+        0
+    }
+
     /// Backend-specific counters for the statistics (reconnections, resent requests...).
     fn counters(&self) -> Vec<(&'static str, u64)> {
         Vec::new()

@@ -6,6 +6,7 @@
 //! class; backends serve demand before prefetch before write-back (Fastswap separates its
 //! queues the same way).
 
+pub(crate) mod awake;
 pub(crate) mod codec;
 pub(crate) mod compressibility;
 pub(crate) mod error;

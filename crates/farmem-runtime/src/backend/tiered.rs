@@ -177,6 +177,14 @@ impl Backend for TieredBackend {
         self.file.fork_child();
     }
 
+    fn completion_cpus(&self) -> Option<Vec<u32>> {
+        self.file.completion_cpus()
+    }
+
+    fn disk_reads(&self) -> u64 {
+        self.file.disk_reads()
+    }
+
     fn demotion_candidates(&self, max: usize) -> Vec<PageKey> {
         // Only as many as bring the tier down to its mark: a small tier would otherwise be
         // emptied by one round (a round's worth of pages can be most of it).
