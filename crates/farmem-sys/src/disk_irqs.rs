@@ -60,7 +60,11 @@ fn device_irqs(dev: &Path) -> Option<Vec<u32>> {
         let subsystem = std::fs::read_link(d.join("subsystem")).ok();
         if subsystem.is_some_and(|s| s.file_name().is_some_and(|n| n == "pci")) {
             // A PCI function without MSI: its one legacy interrupt.
-            let irq: u32 = std::fs::read_to_string(d.join("irq")).ok()?.trim().parse().ok()?;
+            let irq: u32 = std::fs::read_to_string(d.join("irq"))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()?;
             return (irq != 0).then(|| vec![irq]);
         }
         dir = d.parent();
@@ -84,7 +88,11 @@ fn parse_interrupts(text: &str) -> Vec<Line> {
             let (irq, rest) = l.split_once(':')?;
             let irq = irq.trim().parse().ok()?;
             let mut f = rest.split_whitespace();
-            let total = f.by_ref().take(ncpus).map(|c| c.parse::<u64>().unwrap_or(0)).sum();
+            let total = f
+                .by_ref()
+                .take(ncpus)
+                .map(|c| c.parse::<u64>().unwrap_or(0))
+                .sum();
             // After the counts: the chip, the hardware interrupt, the trigger, the name.
             let name = f.last().unwrap_or("").to_string();
             Some(Line { irq, total, name })
@@ -158,10 +166,9 @@ mod tests {
         // Whatever the machine: no panic, and an answer is a strict subset of the CPUs.
         let f = std::fs::File::open("/proc/self/exe").expect("own executable");
         if let Some(cpus) = completion_cpus(std::os::fd::AsRawFd::as_raw_fd(&f)) {
-            let online = parse_cpu_list(
-                &std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap(),
-            )
-            .unwrap();
+            let online =
+                parse_cpu_list(&std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap())
+                    .unwrap();
             assert!(!cpus.is_empty() && cpus.len() < online.len(), "{cpus:?}");
         }
     }

@@ -194,10 +194,16 @@ mod tests {
         let sh = awake.shared.clone();
         wait_for("the spinner starts", || sh.tid.load(Ordering::Acquire) != 0);
         let tid = sh.tid.load(Ordering::Acquire);
-        wait_for("the spinner runs during the read", || state(tid) == Some('R'));
+        wait_for("the spinner runs during the read", || {
+            state(tid) == Some('R')
+        });
         // SAFETY: sched_getscheduler only reads the policy of thread `tid`.
         let policy = unsafe { libc::sched_getscheduler(tid as libc::pid_t) };
-        assert_eq!(policy, libc::SCHED_IDLE, "it never takes CPU time from others");
+        assert_eq!(
+            policy,
+            libc::SCHED_IDLE,
+            "it never takes CPU time from others"
+        );
         // Still spinning a while later: it does not stop in the middle of a read.
         std::thread::sleep(Duration::from_millis(20));
         assert_eq!(state(tid), Some('R'));
