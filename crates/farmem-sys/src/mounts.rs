@@ -1,7 +1,7 @@
 //! Where things are mounted and which cgroup this process is in: `/proc/self/mountinfo` and
 //! `/proc/self/cgroup`, parsed once here for the runner and the benchmarks.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// One line of `/proc/self/mountinfo`.
 #[derive(Debug, PartialEq, Eq)]
@@ -75,6 +75,52 @@ pub fn cgroup_dir_in(m: &Mount, path: &str) -> Option<PathBuf> {
     dir.is_dir().then_some(dir)
 }
 
+/// What became of a stale cgroup found by [`sweep_stale_cgroups`].
+#[derive(Debug)]
+pub enum Stale {
+    Removed,
+    /// Its maker is gone but processes are still in it: left alone.
+    StillUsed,
+    Failed(std::io::Error),
+}
+
+/// Remove the cgroups in `parent` named `<prefix><pid>` or `<prefix><pid>-...` whose maker
+/// `pid` no longer exists and that no process is in (left by a maker killed before it could
+/// remove them). Returns each one found, with what became of it.
+pub fn sweep_stale_cgroups(parent: &Path, prefix: &str) -> Vec<(PathBuf, Stale)> {
+    let Ok(rd) = std::fs::read_dir(parent) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(prefix))
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let dir = e.path();
+        let empty =
+            std::fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|p| p.trim().is_empty());
+        let what = if !empty {
+            Stale::StillUsed
+        } else {
+            match std::fs::remove_dir(&dir) {
+                Ok(()) => Stale::Removed,
+                Err(err) => Stale::Failed(err),
+            }
+        };
+        out.push((dir, what));
+    }
+    out
+}
+
 /// Undoes the octal escapes (`\040` for a space) of /proc/swaps and mountinfo.
 pub fn unescape_octal(s: &str) -> String {
     let b = s.as_bytes();
@@ -132,5 +178,38 @@ mod tests {
     #[test]
     fn undoes_octal_escapes() {
         assert_eq!(unescape_octal("a\\040b\\\\c\\0"), "a b\\\\c\\0");
+    }
+
+    #[test]
+    fn stale_cgroups_of_dead_makers_are_removed_and_live_ones_kept() {
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let mounts = own_mounts();
+        let Some(parent) = mounts
+            .iter()
+            .find(|m| m.is_v1_with("memory"))
+            .and_then(|m| cgroup_dir_in(m, &own_cgroup(&own, Some("memory"))?))
+        else {
+            eprintln!("skipped: no cgroup v1 memory hierarchy here");
+            return;
+        };
+        let prefix = format!("farmem-sweeptest-{}-", std::process::id());
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        child.wait().unwrap();
+        let dead = parent.join(format!("{prefix}{}-0", child.id()));
+        let live = parent.join(format!("{prefix}{}", std::process::id()));
+        if std::fs::create_dir(&dead).is_err() {
+            eprintln!("skipped: cannot make cgroups in {}", parent.display());
+            return;
+        }
+        std::fs::create_dir(&live).unwrap();
+        let found = sweep_stale_cgroups(&parent, &prefix);
+        let live_kept = live.exists();
+        let _ = std::fs::remove_dir(&live);
+        assert!(!dead.exists(), "{found:?}");
+        assert!(
+            matches!(found.as_slice(), [(d, Stale::Removed)] if *d == dead),
+            "{found:?}"
+        );
+        assert!(live_kept, "the cgroup of a live maker stays");
     }
 }

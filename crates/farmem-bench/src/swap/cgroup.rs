@@ -2,7 +2,7 @@
 //! entering it and removing it.
 
 use super::*;
-use farmem_sys::mounts::{cgroup_dir_in, own_cgroup, parse_mountinfo};
+use farmem_sys::mounts::{cgroup_dir_in, own_cgroup, parse_mountinfo, Stale};
 
 /// Where the baseline's cgroup goes.
 pub(super) struct CgroupPlan {
@@ -166,28 +166,13 @@ pub(super) fn check_v1_ancestors(parent: &Path, mem_limit: u64, swap_bytes: u64)
 
 /// Removes empty `farmem-bench-<pid>-*` cgroups left by processes that no longer exist.
 pub(super) fn sweep_stale_cgroups(parent: &Path) {
-    let Ok(rd) = fs::read_dir(parent) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
-            .strip_prefix(CGROUP_PREFIX)
-            .and_then(|r| r.split('-').next())
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if Path::new(&format!("/proc/{pid}")).exists() {
-            continue;
-        }
-        let dir = e.path();
-        match read_pids(&dir) {
-            Ok(p) if p.is_empty() => match fs::remove_dir(&dir) {
-                Ok(()) => tracing::warn!("removed the stale cgroup {}", dir.display()),
-                Err(err) => tracing::warn!("stale cgroup {}: {err}", dir.display()),
-            },
-            _ => tracing::warn!("stale cgroup {} still has tasks; left alone", dir.display()),
+    for (dir, what) in farmem_sys::mounts::sweep_stale_cgroups(parent, CGROUP_PREFIX) {
+        match what {
+            Stale::Removed => tracing::warn!("removed the stale cgroup {}", dir.display()),
+            Stale::StillUsed => {
+                tracing::warn!("stale cgroup {} still has tasks; left alone", dir.display())
+            }
+            Stale::Failed(err) => tracing::warn!("stale cgroup {}: {err}", dir.display()),
         }
     }
 }

@@ -21,29 +21,6 @@ use farmem_sys::mounts;
 
 const PREFIX: &str = "farmem-run-";
 
-/// Remove the cgroups of earlier runs whose `farmem run` was killed before it could: its pid
-/// gone and no process left in them.
-fn sweep_stale(parent: &Path) {
-    let Ok(rd) = std::fs::read_dir(parent) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let name = e.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix(PREFIX))
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let empty = std::fs::read_to_string(e.path().join("cgroup.procs"))
-            .is_ok_and(|p| p.trim().is_empty());
-        if empty && !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = std::fs::remove_dir(e.path());
-        }
-    }
-}
-
 /// The cgroup, removed when dropped (once its processes have ended).
 pub struct TreeCgroup {
     dir: PathBuf,
@@ -54,7 +31,8 @@ impl TreeCgroup {
     pub fn create() -> Option<TreeCgroup> {
         match parent_dir() {
             Some(parent) => {
-                sweep_stale(&parent);
+                // Those of earlier runs killed before they could remove theirs.
+                mounts::sweep_stale_cgroups(&parent, PREFIX);
                 let dir = parent.join(format!("{PREFIX}{}", std::process::id()));
                 match std::fs::create_dir(&dir) {
                     Ok(()) => Some(TreeCgroup { dir }),
