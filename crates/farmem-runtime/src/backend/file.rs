@@ -32,6 +32,7 @@ use super::error::BackendError;
 use super::index::PageIndex;
 use super::io::{short_buffer, Backend, Completion, FarUsage, IoDone, PageBuf};
 use super::pins::Pins;
+use super::uring::{self, ReadRun};
 
 /// Slots per cluster: one `u64` of bits, which is also the layout `pins.rs` takes.
 const CLUSTER: u32 = 64;
@@ -41,10 +42,28 @@ const SLOT_MASK: u32 = (1 << GEN_SHIFT) - 1;
 /// Files one process can read: its own and its forebears' (a fork deeper than this brings
 /// the far pages back instead).
 const GENS: usize = 1 << (32 - GEN_SHIFT);
+/// Clusters given disk space at once when the file grows (16 MiB).
+///
+/// The file's space is allocated before pages are written to it, never by the writes: on
+/// ext4 a direct write that extends the file or fills a hole takes the inode's lock
+/// exclusively for the whole write, and every read of a faulting page (which takes it
+/// shared) waits behind it. memcached at 25% on this machine wrote 1.1 GB back while it
+/// read: its reads took 122-133 µs from the call to the return, 106-117 µs with the space
+/// allocated beforehand (alternated runs), against ~93 µs at the device.
+const PREALLOCATE: u32 = 64;
 /// Least free space a directory must have to be accepted for a file tier.
 const MIN_FREE: u64 = 64 << 20;
 const TMPFS_MAGIC: i64 = 0x0102_1994;
 const RAMFS_MAGIC: i64 = 0x8584_58f6;
+
+/// Disk space to allocate before a write: the file's growth and punched clusters.
+#[derive(Default)]
+struct Allocation {
+    grow: Option<std::ops::Range<u32>>,
+    /// The end of the clusters the slots need (the growth may go further).
+    needed_end: u32,
+    holes: Vec<u32>,
+}
 
 /// Slot allocation over clusters of 64 slots.
 #[derive(Default)]
@@ -57,6 +76,10 @@ struct Slots {
     current: Option<u32>,
     /// Slots in use.
     live: u64,
+    /// Clusters below this one have had disk space allocated (some since punched out).
+    allocated: u32,
+    /// Per cluster: its space was punched out and must be allocated again before a write.
+    holes: Vec<bool>,
 }
 
 impl Slots {
@@ -129,6 +152,45 @@ impl Slots {
         for &c in clusters {
             self.used[c as usize] = 0;
             self.empty.push(c);
+            if self.holes.len() <= c as usize {
+                self.holes.resize(c as usize + 1, false);
+            }
+            self.holes[c as usize] = true;
+        }
+    }
+
+    /// The clusters that `slots` (just taken) lie in and that have no disk space yet, marked
+    /// as allocated: past the allocated end, a step of at least [`PREALLOCATE`] clusters (up
+    /// to `max_clusters`); below it, each punched cluster. [`Slots::unallocate`] undoes it.
+    fn claim_space(&mut self, slots: &[u32], max_clusters: u32) -> Allocation {
+        let mut out = Allocation::default();
+        let end = slots.iter().map(|s| s / CLUSTER + 1).max().unwrap_or(0);
+        if end > self.allocated {
+            let to = (self.allocated + PREALLOCATE).min(max_clusters).max(end);
+            out.grow = Some(self.allocated..to);
+            out.needed_end = end;
+            self.allocated = to;
+        }
+        for &s in slots {
+            let c = (s / CLUSTER) as usize;
+            if self.holes.get(c).copied().unwrap_or(false) {
+                self.holes[c] = false;
+                out.holes.push(c as u32);
+            }
+        }
+        out
+    }
+
+    /// Allocating `a` failed: its clusters are holes again (the growth is retried by the
+    /// next write).
+    fn unallocate(&mut self, a: &Allocation) {
+        if let Some(g) = &a.grow {
+            if self.allocated == g.end {
+                self.allocated = g.start;
+            }
+        }
+        for &c in &a.holes {
+            self.holes[c as usize] = true;
         }
     }
 }
@@ -158,6 +220,8 @@ pub struct FileBackend {
     completion_cpus: Option<Vec<u32>>,
     /// Calls that read from the disk.
     reads: AtomicU64,
+    /// The file system allocates space on request (`fallocate`); false once refused.
+    fallocates: AtomicBool,
 }
 
 /// Why `dir` cannot hold a file tier, if it cannot: missing, not a directory, in memory
@@ -269,6 +333,7 @@ impl FileBackend {
             awake: Awake::new(),
             completion_cpus,
             reads: AtomicU64::new(0),
+            fallocates: AtomicBool::new(true),
         })
     }
 
@@ -333,6 +398,67 @@ impl FileBackend {
         self.slots.lock().reuse(&emptied);
     }
 
+    /// Give the clusters of `slots` (this file's, just taken) disk space where they have
+    /// none (see [`PREALLOCATE`]). A file system without `fallocate` is written as it is.
+    fn allocate_space(&self, slots: &[u32]) -> std::io::Result<()> {
+        if !self.fallocates.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let own: Vec<u32> = slots.iter().map(|s| s & SLOT_MASK).collect();
+        let a = self.slots.lock().claim_space(&own, self.max_clusters);
+        let cluster = CLUSTER as i64 * PAGE_SIZE as i64;
+        let fallocate = |from: u32, to: u32| {
+            // SAFETY: fallocate on our own descriptor; mode 0 allocates (and extends the
+            // file's size over) the range, writing nothing.
+            let r = unsafe {
+                libc::fallocate(
+                    self.file.as_raw_fd(),
+                    0,
+                    from as i64 * cluster,
+                    (to - from) as i64 * cluster,
+                )
+            };
+            if r == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        };
+        let mut result = Ok(());
+        if let Some(g) = &a.grow {
+            result = fallocate(g.start, g.end).or_else(|e| {
+                // A nearly full disk may still hold what this write needs.
+                if e.raw_os_error() == Some(libc::ENOSPC) && a.needed_end < g.end {
+                    fallocate(g.start, a.needed_end)?;
+                    let mut slots = self.slots.lock();
+                    if slots.allocated == g.end {
+                        slots.allocated = a.needed_end;
+                    }
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            });
+        }
+        for &c in &a.holes {
+            if result.is_err() {
+                break;
+            }
+            result = fallocate(c, c + 1);
+        }
+        match result {
+            Ok(()) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                self.fallocates.store(false, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                self.slots.lock().unallocate(&a);
+                Err(e)
+            }
+        }
+    }
+
     /// Runs `(first page of the buffer, first slot, pages)` where both the buffer's pages and
     /// the slots are consecutive: one read or write each.
     fn runs(items: &[(usize, u32)]) -> Vec<(usize, u32, usize)> {
@@ -381,6 +507,10 @@ impl FileBackend {
             })?;
         let gen = self.gen() << GEN_SHIFT;
         let slots: Vec<u32> = slots.into_iter().map(|s| s | gen).collect();
+        if let Err(e) = self.allocate_space(&slots) {
+            self.free_slots(&slots);
+            return Err(self.failed("allocating disk space", e));
+        }
         let placed: Vec<(usize, u32)> = items
             .iter()
             .map(|&(i, _)| i)
@@ -429,18 +559,20 @@ impl FileBackend {
         }
         self.reads.fetch_add(1, Ordering::Relaxed);
         let _awake = self.awake.during_read();
-        for (i, slot, n) in Self::runs(&placed) {
-            let bytes = &mut buf.bytes_mut()[i * PAGE_SIZE..(i + n) * PAGE_SIZE];
-            // The descriptor outlives the read (this object holds it); the File is only
-            // borrowed, never closed here.
-            // SAFETY: `fd_of` names a descriptor this backend keeps open for its life.
-            let file = std::mem::ManuallyDrop::new(unsafe {
-                <File as std::os::fd::FromRawFd>::from_raw_fd(self.fd_of(slot))
-            });
-            file.read_exact_at(bytes, (slot & SLOT_MASK) as u64 * PAGE_SIZE as u64)
-                .map_err(|e| self.failed("reading pages", e))?;
-        }
-        Ok(())
+        let base = buf.bytes_mut().as_mut_ptr();
+        let runs: Vec<ReadRun> = Self::runs(&placed)
+            .into_iter()
+            .map(|(i, slot, n)| ReadRun {
+                fd: self.fd_of(slot),
+                offset: (slot & SLOT_MASK) as u64 * PAGE_SIZE as u64,
+                // SAFETY: page `i + n - 1` is within the buffer (the items' positions are).
+                buf: unsafe { base.add(i * PAGE_SIZE) },
+                len: n * PAGE_SIZE,
+            })
+            .collect();
+        // SAFETY: the runs cover disjoint pages of `buf`, borrowed mutably for the call; the
+        // descriptors are held open by this backend for its life.
+        unsafe { uring::read_all(&runs) }.map_err(|e| self.failed("reading pages", e))
     }
 
     fn pages(&self) -> u64 {
@@ -575,6 +707,10 @@ impl Backend for FileBackend {
     fn disk_reads(&self) -> u64 {
         self.reads.load(Ordering::Relaxed)
     }
+
+    fn reads_in_parallel(&self) -> bool {
+        uring::usable()
+    }
 }
 
 #[cfg(test)]
@@ -700,5 +836,118 @@ mod tests {
             "the current cluster first"
         );
         assert_eq!(s.live, 70 - 64 + 64);
+    }
+
+    #[test]
+    fn space_is_allocated_ahead_of_writes_and_again_after_a_punch() {
+        let mut s = Slots::default();
+        let a = s.take(10, 1000).unwrap();
+        let got = s.claim_space(&a, 1000);
+        assert_eq!(
+            got.grow,
+            Some(0..PREALLOCATE),
+            "a step ahead of the first write"
+        );
+        assert!(got.holes.is_empty());
+        let b = s.take(64, 1000).unwrap();
+        assert!(s.claim_space(&b, 1000).grow.is_none(), "inside the step");
+        // Near the most the file may hold, the step stops there.
+        let mut s2 = Slots::default();
+        let c = s2.take(1, 3).unwrap();
+        assert_eq!(s2.claim_space(&c, 3).grow, Some(0..3));
+        // A failed allocation is retried by the next write.
+        let none = s2.claim_space(&c, 3);
+        s2.unallocate(&none);
+        assert_eq!(s2.allocated, 3, "nothing was taken: nothing undone");
+        let mut s3 = Slots::default();
+        let d = s3.take(1, 1000).unwrap();
+        let g = s3.claim_space(&d, 1000);
+        s3.unallocate(&g);
+        assert_eq!(s3.claim_space(&d, 1000).grow, Some(0..PREALLOCATE));
+        // An emptied cluster, once punched and reused, needs space again, once.
+        let emptied = s.give(
+            &a.iter()
+                .chain(&b)
+                .copied()
+                .filter(|&x| x < 64)
+                .collect::<Vec<_>>(),
+        );
+        assert_eq!(emptied, vec![0]);
+        s.reuse(&emptied);
+        let e = s.take(64 * 3, 1000).unwrap();
+        let got = s.claim_space(&e, 1000);
+        assert_eq!(got.holes, vec![0], "the punched cluster, once");
+        assert!(s.claim_space(&e, 1000).holes.is_empty());
+    }
+
+    /// Blocks the file has on disk.
+    fn blocks(b: &FileBackend) -> u64 {
+        b.file
+            .metadata()
+            .map(|m| std::os::unix::fs::MetadataExt::blocks(&m))
+            .unwrap()
+            * 512
+    }
+
+    #[test]
+    fn writes_go_to_allocated_space_and_scattered_pages_read_back() {
+        let b = FileBackend::new(&dir(), 64 << 20).unwrap();
+        let t = std::time::Duration::from_secs(10);
+        let step = PREALLOCATE as u64 * CLUSTER as u64 * PAGE_SIZE as u64;
+        b.submit_write(IoClass::WriteBack, keys(3, 0..200), filled(200, 5))
+            .wait(t)
+            .unwrap();
+        if b.fallocates.load(Ordering::Relaxed) {
+            assert!(
+                blocks(&b) >= step,
+                "{} bytes allocated, the step is {step}",
+                blocks(&b)
+            );
+            assert!(
+                b.file.metadata().unwrap().len() >= step,
+                "the size covers the step"
+            );
+        }
+        // Rewrite every other page: their slots move, so a read of the first 40 pages
+        // is a request of many runs (in flight together through io_uring).
+        let odd: Vec<PageKey> = keys(3, 0..200)
+            .into_iter()
+            .filter(|k| k.page % 2 == 1)
+            .collect();
+        let mut rewritten = PageBuf::new(odd.len());
+        rewritten.set_len(odd.len());
+        for (i, k) in odd.iter().enumerate() {
+            rewritten.page_mut(i).fill(k.page as u8 ^ 0x5a);
+        }
+        b.submit_write(IoClass::WriteBack, odd, rewritten)
+            .wait(t)
+            .unwrap();
+        let got = b
+            .submit_read(IoClass::Demand, keys(3, 0..40), PageBuf::new(40))
+            .wait(t)
+            .unwrap();
+        let orig = filled(200, 5);
+        for p in 0..40usize {
+            let page = got.buf.page(p);
+            if p % 2 == 1 {
+                assert!(page.iter().all(|&x| x == p as u8 ^ 0x5a), "page {p}");
+            } else {
+                assert_eq!(page, orig.page(p), "page {p}");
+            }
+        }
+        // Freeing whole clusters punches them; writing there again allocates them again.
+        b.forget(&keys(3, 0..200));
+        let before = blocks(&b);
+        b.submit_write(IoClass::WriteBack, keys(4, 0..300), filled(300, 6))
+            .wait(t)
+            .unwrap();
+        if b.fallocates.load(Ordering::Relaxed) {
+            assert!(blocks(&b) >= before, "{} < {before}", blocks(&b));
+        }
+        let got = b
+            .submit_read(IoClass::Demand, keys(4, 0..300), PageBuf::new(300))
+            .wait(t)
+            .unwrap();
+        assert_eq!(got.buf.bytes(), filled(300, 6).bytes());
     }
 }

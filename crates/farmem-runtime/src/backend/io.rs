@@ -404,6 +404,14 @@ pub trait Backend: Send + Sync {
         0
     }
 
+    /// Whether one read request of several pages waits for about one device read, not one
+    /// per page: a disk backend that puts a request's reads in flight together, and whose
+    /// submission returns only once they are done. A fault's page and its read-ahead then go
+    /// as one request (two requests would wait for the device one after the other).
+    fn reads_in_parallel(&self) -> bool {
+        false
+    }
+
     /// Backend-specific counters for the statistics (reconnections, resent requests...).
     fn counters(&self) -> Vec<(&'static str, u64)> {
         Vec::new()

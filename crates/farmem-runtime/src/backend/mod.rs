@@ -19,6 +19,7 @@ pub(crate) mod slabs;
 pub(crate) mod spec;
 pub mod tcp;
 pub(crate) mod tiered;
+pub(crate) mod uring;
 
 use std::sync::Arc;
 

@@ -185,6 +185,10 @@ impl Backend for TieredBackend {
         self.file.disk_reads()
     }
 
+    fn reads_in_parallel(&self) -> bool {
+        self.file.reads_in_parallel()
+    }
+
     fn demotion_candidates(&self, max: usize) -> Vec<PageKey> {
         // Only as many as bring the tier down to its mark: a small tier would otherwise be
         // emptied by one round (a round's worth of pages can be most of it).

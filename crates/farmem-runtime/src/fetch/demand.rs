@@ -224,9 +224,11 @@ fn fetch_locked(
     }
     let recv = |n| take_buf(&RECV, n);
     let recv_back = |b| give_buf(&RECV, b);
-    if req.mode == Mode::Hint {
+    if req.mode == Mode::Hint || st.backend.reads_in_parallel() {
         // A hint returns only once its read-ahead is installed too: one request for all the
-        // pages (one reply, one wake-up) is all the thread can use.
+        // pages (one reply, one wake-up) is all the thread can use. A disk backend reads one
+        // request's pages in parallel, and two requests one after the other: there the
+        // faulting page waits less in a request with its read-ahead than before it.
         let read = phases::submit_phase(st, reg, batch, IoClass::Demand, None, recv)?;
         phases::install_phase(st, reg, req, batch, read, recv_back)?;
     } else {
