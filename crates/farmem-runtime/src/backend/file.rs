@@ -47,9 +47,10 @@ const GENS: usize = 1 << (32 - GEN_SHIFT);
 /// The file's space is allocated before pages are written to it, never by the writes: on
 /// ext4 a direct write that extends the file or fills a hole takes the inode's lock
 /// exclusively for the whole write, and every read of a faulting page (which takes it
-/// shared) waits behind it. memcached at 25% on this machine wrote 1.1 GB back while it
-/// read: its reads took 122-133 µs from the call to the return, 106-117 µs with the space
-/// allocated beforehand (alternated runs), against ~93 µs at the device.
+/// shared) waits behind it. Reads beside 64 KiB writes (`probes/read_under_writes.c`): avg
+/// 142-160 µs with writes that grow the file, 126-135 µs with writes into allocated space,
+/// 85-110 µs with no writer. In the suite's memcached at 25% (1.1 GB written back while it
+/// reads) the difference was within the run-to-run noise (3 alternated pairs).
 const PREALLOCATE: u32 = 64;
 /// Least free space a directory must have to be accepted for a file tier.
 const MIN_FREE: u64 = 64 << 20;
