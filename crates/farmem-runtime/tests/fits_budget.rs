@@ -164,12 +164,15 @@ fn speculative_zero_fills_run_to_the_end_of_a_known_allocation_and_stop_there() 
     }
     let after = rt.stats();
     // The block rule: the 300 pages rounded up to their 16-page block (304). A fault the
-    // control thread serves for a busy fault thread may install one page more (CI: 305
-    // installed with 2 stolen faults and 1 spurious); the whole predicted window, as before
-    // the block rule, installed 325.
-    let stolen = (after.stolen_faults - before.stolen_faults) as usize;
+    // control thread serves for a busy fault thread may install one page more, and so may a
+    // fault that finds its page already resolved by the other server (CI, twice: 305
+    // installed, with 2 stolen faults and 1 spurious in the whole test, once with no stolen
+    // fault in this phase); the whole predicted window, as before the block rule, installed
+    // 325.
+    let raced = (after.stolen_faults - before.stolen_faults) as usize
+        + (after.spurious_faults - before.spurious_faults) as usize;
     assert!(
-        ((after.pages_installed - before.pages_installed) as usize) <= 304 + stolen,
+        ((after.pages_installed - before.pages_installed) as usize) <= 304 + raced,
         "{after}"
     );
     for p in 0..300 {
