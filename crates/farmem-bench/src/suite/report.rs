@@ -391,19 +391,14 @@ fn ratio(points: &[Point], w: Workload, mode: Mode, pct: u32) -> String {
             _ => Some(s),
         });
     match (best, survived) {
-        (Some(s), Some((t, n, of))) if t > s => format!(
+        (_, Some((t, n, of))) if best.is_none_or(|s| t > s) => format!(
             "{:.2}× (swap OOM-killed in {} of {of} runs; against the median of those that finished)",
             f / t,
             of - n
         ),
         (Some(s), _) => format!("{:.2}×", f / s),
-        (None, Some((t, n, of))) => format!(
-            "{:.2}× (swap OOM-killed in {} of {of} runs; against the median of those that finished)",
-            f / t,
-            of - n
-        ),
-        (None, None) if swaps.iter().any(|p| p.status == "oom-killed") => "∞ (swap OOM)".into(),
-        (None, None) => "–".into(),
+        (None, _) if swaps.iter().any(|p| p.status == "oom-killed") => "∞ (swap OOM)".into(),
+        (None, _) => "–".into(),
     }
 }
 

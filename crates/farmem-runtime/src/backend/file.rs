@@ -399,14 +399,12 @@ impl FileBackend {
         self.slots.lock().reuse(&emptied);
     }
 
-    /// Give the clusters of `slots` (this file's, just taken) disk space where they have
-    /// none (see [`PREALLOCATE`]). A file system without `fallocate` is written as it is.
-    fn allocate_space(&self, slots: &[u32]) -> std::io::Result<()> {
-        if !self.fallocates.load(Ordering::Relaxed) {
+    /// Give the clusters claimed by [`Slots::claim_space`] disk space (see [`PREALLOCATE`]).
+    /// A file system without `fallocate` is written as it is.
+    fn allocate_space(&self, a: &Allocation) -> std::io::Result<()> {
+        if a.grow.is_none() && a.holes.is_empty() {
             return Ok(());
         }
-        let own: Vec<u32> = slots.iter().map(|s| s & SLOT_MASK).collect();
-        let a = self.slots.lock().claim_space(&own, self.max_clusters);
         let cluster = CLUSTER as i64 * PAGE_SIZE as i64;
         let fallocate = |from: u32, to: u32| {
             // SAFETY: fallocate on our own descriptor; mode 0 allocates (and extends the
@@ -454,7 +452,7 @@ impl FileBackend {
                 Ok(())
             }
             Err(e) => {
-                self.slots.lock().unallocate(&a);
+                self.slots.lock().unallocate(a);
                 Err(e)
             }
         }
@@ -495,20 +493,26 @@ impl FileBackend {
                 self.dir.display()
             )));
         }
-        let slots = self
-            .slots
-            .lock()
-            .take(items.len(), self.max_clusters)
-            .ok_or_else(|| {
+        let (slots, space) = {
+            let mut pool = self.slots.lock();
+            let slots = pool.take(items.len(), self.max_clusters).ok_or_else(|| {
                 BackendError::Full(format!(
                     "the far file in {} holds {} MiB, its most",
                     self.dir.display(),
                     (self.max_clusters as u64 * CLUSTER as u64 * PAGE_SIZE as u64) >> 20
                 ))
             })?;
+            // Claimed under the same lock as the slots (see [`PREALLOCATE`]).
+            let space = if self.fallocates.load(Ordering::Relaxed) {
+                pool.claim_space(&slots, self.max_clusters)
+            } else {
+                Allocation::default()
+            };
+            (slots, space)
+        };
         let gen = self.gen() << GEN_SHIFT;
         let slots: Vec<u32> = slots.into_iter().map(|s| s | gen).collect();
-        if let Err(e) = self.allocate_space(&slots) {
+        if let Err(e) = self.allocate_space(&space) {
             self.free_slots(&slots);
             return Err(self.failed("allocating disk space", e));
         }
