@@ -54,9 +54,9 @@ const TALLY_THREADS: usize = 8;
 /// is served from where the fault thread is, a cross-CPU round trip for each of its faults,
 /// rather than stopping the following for [`SPREAD_PAUSE_NS`]. memcached at 25% local on the
 /// file tier faults on the worker serving the GETs and on one of its background threads,
-/// which took 10-55% of the faults in each window (the logged pauses): with any second thread stopping the
-/// following it paused 290-550 times a run, with this rule 13-66 times, and the GET phase
-/// took 59 s instead of 66 (medians of 5 alternated pairs).
+/// which took 10-55% of a window's faults when it was logged: with any second thread
+/// stopping the following it paused 290-550 times a run, with this rule 13-66 times, and
+/// the GET phase took 59 s instead of 66 (medians of 5 alternated pairs).
 const SPREAD_SHARE: u32 = 3;
 const SPREAD_MIN_FAULTS: u32 = 8;
 /// How long the following stops when several threads fault.
