@@ -26,6 +26,7 @@ use crate::fetch::phases::prefetch_deadline;
 use crate::fetch::readahead;
 use crate::fetch::request::{Mode, Request};
 use crate::gate;
+use crate::neighbour::Neighbour;
 use crate::page::table;
 use crate::placement::{self, Placement};
 use crate::predict::{Prediction, Predictor};
@@ -49,6 +50,7 @@ pub(crate) struct FaultServer {
     msgs: Vec<UffdMsg>,
     pending: VecDeque<Fault>,
     predictor: Option<Predictor>,
+    neighbour: Option<Neighbour>,
     /// `farmem trace` is recording (`crate::fault_log`).
     logging: bool,
     /// The thread of the last fault read.
@@ -83,6 +85,7 @@ impl FaultServer {
             msgs: vec![UffdMsg::default(); 64],
             pending: VecDeque::new(),
             predictor: None,
+            neighbour: None,
             logging: fault_log::enabled(),
             last_tid: 0,
         }
@@ -187,12 +190,26 @@ impl FaultServer {
             let block_end = (vpn | (demand::FRESH_BLOCK - 1)) + 1;
             readahead = readahead.max((block_end - vpn - 1) as isize);
         }
+        // Objects that straddle a page boundary fault in pairs no stream predicts: read the
+        // next page too while such pairs are frequent (`neighbour.rs`).
+        let neighbour = absent && !f.wp && {
+            let eligible =
+                readahead == 0 && vpn + 1 < reg.end_vpn() && table::slot(vpn + 1).load().is_far();
+            self.neighbour
+                .get_or_insert_with(|| Neighbour::new(st.backend.reads_in_parallel()))
+                .on_fault(vpn, eligible, st.budget() as u64)
+        };
+        if neighbour {
+            readahead = 1;
+            add(&st.stats.c.neighbour_reads, 1);
+        }
         let req = Request {
             first: vpn,
             count: 1,
             write: f.write,
             readahead,
-            readahead_writable: f.write,
+            // A neighbour is installed as its own history says, not as the faulting write.
+            readahead_writable: f.write && !neighbour,
             prio: 0,
             mode: Mode::Fault,
             readahead_useful_for: prediction.and_then(|p| p.useful_for(vpn)),

@@ -45,6 +45,7 @@ mod fault;
 mod fetch;
 mod fork;
 mod gate;
+mod neighbour;
 mod page;
 mod placement;
 mod policy;

@@ -113,6 +113,7 @@ counters! {
     follow_pauses: "Times the fault thread stopped following the faulting threads (they fault on several CPUs, or it starved beside a busy thread).",
     protect_handoffs: "Evictions whose write-protects the fault thread made on the program's CPU for the control thread.",
     protect_handoffs_withdrawn: "Of those offered, the ones the fault thread did not take in time (the control thread made them).",
+    neighbour_reads: "Next pages read with an unpredicted fault because, on sample faults, the next page faulted soon after (objects straddling pages).",
 }
 
 pub(crate) struct Stats {
