@@ -191,16 +191,21 @@ impl FaultServer {
             readahead = readahead.max((block_end - vpn - 1) as isize);
         }
         // Objects that straddle a page boundary fault in pairs no stream predicts: read the
-        // next page too while such pairs are frequent (`neighbour.rs`).
+        // next page too while such pages are needed during their stay (`neighbour.rs`).
         let neighbour = absent && !f.wp && {
-            let eligible =
-                readahead == 0 && vpn + 1 < reg.end_vpn() && table::slot(vpn + 1).load().is_far();
+            let eligible = prediction.is_none()
+                && readahead == 0
+                && vpn + 1 < reg.end_vpn()
+                && table::slot(vpn + 1).load().is_far();
             self.neighbour
                 .get_or_insert_with(|| Neighbour::new(st.backend.reads_in_parallel()))
                 .on_fault(vpn, eligible, st.budget() as u64)
         };
         if neighbour {
             readahead = 1;
+            if let Some(p) = self.predictor.as_mut() {
+                p.read_along(reg.id, f.tid, vpn);
+            }
             add(&st.stats.c.neighbour_reads, 1);
         }
         let req = Request {

@@ -259,6 +259,19 @@ impl Predictor {
         p
     }
 
+    /// The fault at `vpn` just predicted nothing, and its next page was read with it
+    /// (`neighbour.rs`): its stream stands on that page now, so that a scan that starts
+    /// with such a fault is seen to step by one from there, not by two.
+    pub fn read_along(&mut self, region: u32, tid: u32, vpn: usize) {
+        if let Some(s) = self
+            .streams
+            .get_mut(&(region, tid))
+            .and_then(|list| list.iter_mut().find(|s| s.last == vpn && s.stride == 0))
+        {
+            s.last = vpn + 1;
+        }
+    }
+
     fn predict(&mut self, region: u32, tid: u32, vpn: usize, now_ns: u64) -> Option<Prediction> {
         if self.max_window == 0 {
             return None;
@@ -380,6 +393,15 @@ fn run_prediction(s: &mut Stream, vpn: usize) -> Option<Prediction> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scan_whose_first_fault_read_its_neighbour_is_still_sequential() {
+        let mut p = Predictor::new(64);
+        assert_eq!(p.on_fault(1, 7, 1000), None);
+        p.read_along(1, 7, 1000);
+        let next = p.on_fault(1, 7, 1002).expect("a run from 1001");
+        assert_eq!((next.stride, next.start), (1, 1003));
+    }
 
     fn pages(p: Option<Prediction>) -> Vec<usize> {
         p.map(|p| p.pages().collect()).unwrap_or_default()
