@@ -52,8 +52,9 @@ pub struct Config {
     /// Linux swap at that limit).
     pub policy: PolicyKind,
     /// Largest read-ahead window for sequential unhinted faults, in pages
-    /// (`FARMEM_FAULT_READAHEAD`, default 256; 0 disables). A window only grows this far
-    /// while faults keep following it.
+    /// (`FARMEM_FAULT_READAHEAD`, default 256; 0 disables every read-ahead of unhinted
+    /// faults, the next page of `neighbour.rs` too). A window only grows this far while
+    /// faults keep following it.
     pub fault_readahead: usize,
     /// Largest read-ahead a hint may ask for, in pages (`FARMEM_MAX_READAHEAD`, default 256;
     /// the older name `FARMEM_MAX_RDAHEAD` is still read).

@@ -195,6 +195,7 @@ impl FaultServer {
         let neighbour = absent && !f.wp && {
             let eligible = prediction.is_none()
                 && readahead == 0
+                && st.cfg.fault_readahead > 0
                 && vpn + 1 < reg.end_vpn()
                 && table::slot(vpn + 1).load().is_far();
             self.neighbour
