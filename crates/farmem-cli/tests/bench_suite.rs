@@ -21,12 +21,13 @@ const WORKLOADS: [&str; 6] = [
     "psort",
     "memcached",
 ];
-const MODES: [&str; 9] = [
+const MODES: [&str; 10] = [
     "native",
     "swap-zram",
     "swap-file",
     "farmem",
     "farmem-default",
+    "farmem-file",
     "farmem-lz4",
     "farmem-tcp",
     "farmem-hinted",
@@ -97,6 +98,8 @@ fn tiny_suite_runs_every_workload_in_every_mode_and_leaves_nothing_behind() {
             "--timeout",
             "300",
         ])
+        .arg("--modes")
+        .arg(MODES.join(","))
         .arg("--out")
         .arg(out.dir())
         .arg("--swap-file")

@@ -151,6 +151,10 @@ impl Runner<'_> {
         } else if job.mode == Mode::FarmemDefault {
             // What a user gets: the default backend, whatever the environment says.
             cmd.env_remove("FARMEM_BACKEND");
+        } else if job.mode == Mode::FarmemFile {
+            let dir = self.swap_file.parent().unwrap_or(Path::new("/var/tmp"));
+            cmd.arg("--backend")
+                .arg(format!("file://{}", dir.display()));
         } else if !job.mode.over_tcp() {
             // The embedded modes measure the mechanism: far pages raw in the process.
             cmd.arg("--backend").arg("local://");

@@ -17,6 +17,10 @@ pub enum Mode {
     /// `farmem run` as a user runs it, with its default backend: compressed in the process
     /// up to a cap, the rest in a file on the disk (to compare with swap-zram and swap-file).
     FarmemDefault,
+    /// `farmem run --backend file://DIR`, every far page in a file in the directory of
+    /// swap-file's swap file: the file tier alone, like for like with swap-file (the default
+    /// also holds compressible pages in compressed DRAM, outside the budget).
+    FarmemFile,
     /// `farmem run` with far pages compressed in process (`local+lz4://`): compressed DRAM,
     /// to compare with swap-zram compressing with the same algorithm.
     FarmemLz4,
@@ -36,6 +40,7 @@ impl Mode {
             Mode::SwapFile => "swap-file",
             Mode::Farmem => "farmem",
             Mode::FarmemDefault => "farmem-default",
+            Mode::FarmemFile => "farmem-file",
             Mode::FarmemLz4 => "farmem-lz4",
             Mode::FarmemTcp => "farmem-tcp",
             Mode::FarmemHinted => "farmem-hinted",
@@ -52,6 +57,7 @@ impl Mode {
             self,
             Mode::Farmem
                 | Mode::FarmemDefault
+                | Mode::FarmemFile
                 | Mode::FarmemLz4
                 | Mode::FarmemTcp
                 | Mode::FarmemHinted
