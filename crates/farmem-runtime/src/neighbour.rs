@@ -166,17 +166,22 @@ impl Neighbour {
         false
     }
 
-    /// A sample's outcome, for the area of its page `next` (if still measured).
+    /// A sample's outcome, for the area of the fault before its page `next` (if still
+    /// measured).
     fn note(&mut self, next: usize, hit: bool) {
-        let key = next >> AREA_SHIFT;
-        if let Some(a) = self.areas.iter_mut().find(|a| a.last != 0 && a.key == key) {
-            a.note(hit);
+        if let Some(i) = self.measured((next - 1) >> AREA_SHIFT) {
+            self.areas[i].note(hit);
         }
+    }
+
+    /// Where area `key` is measured, if it is.
+    fn measured(&self, key: usize) -> Option<usize> {
+        self.areas.iter().position(|a| a.last != 0 && a.key == key)
     }
 
     /// The area `key`, or a fresh one in place of the least recently faulted.
     fn area(&mut self, key: usize) -> &mut Area {
-        let i = match self.areas.iter().position(|a| a.last != 0 && a.key == key) {
+        let i = match self.measured(key) {
             Some(i) => i,
             None => {
                 let i = (0..AREAS).min_by_key(|&i| self.areas[i].last).unwrap_or(0);
