@@ -56,6 +56,7 @@ mod reclaim;
 mod region;
 mod regions;
 mod registry;
+mod shared_pages;
 mod state;
 mod thread;
 mod watchdog;

@@ -141,6 +141,46 @@ pub fn resident_pages(p: usize, len: usize) -> io::Result<Vec<bool>> {
     Ok(vec.iter().map(|b| b & 1 != 0).collect())
 }
 
+/// `/proc/PID/pagemap` entry bits (Documentation/admin-guide/mm/pagemap.rst).
+const PM_MMAP_EXCLUSIVE: u64 = 1 << 56;
+const PM_PRESENT: u64 = 1 << 63;
+
+/// For each page from virtual page `first_vpn` (as many as `out` holds): whether it is
+/// present and mapped by this process alone, read from `pagemap` (this process's
+/// `/proc/PID/pagemap`, opened by this process: a descriptor inherited across `fork` reads
+/// the parent's). A page shared with a forked relative (copy-on-write, not yet written) is
+/// not exclusive.
+pub fn exclusive_pages(pagemap: RawFd, first_vpn: usize, out: &mut [bool]) -> io::Result<()> {
+    let mut entries = vec![0u64; out.len()];
+    let bytes = entries.len() * 8;
+    let mut done = 0;
+    while done < bytes {
+        // SAFETY: reads into the bytes of `entries` past those already read.
+        let n = unsafe {
+            libc::pread(
+                pagemap,
+                entries.as_mut_ptr().cast::<u8>().add(done).cast(),
+                bytes - done,
+                (first_vpn * 8 + done) as libc::off_t,
+            )
+        };
+        match n {
+            n if n > 0 => done += n as usize,
+            0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    for (o, e) in out.iter_mut().zip(&entries) {
+        *o = e & PM_PRESENT != 0 && e & PM_MMAP_EXCLUSIVE != 0;
+    }
+    Ok(())
+}
+
 pub fn madvise(p: usize, len: usize, advice: i32) -> io::Result<()> {
     // SAFETY: advice on a range of our own mappings; DONTNEED on a region is how pages leave
     // local memory, after their contents are safe in the backend.
