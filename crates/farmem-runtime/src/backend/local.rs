@@ -4,7 +4,7 @@
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -27,6 +27,8 @@ struct Stored {
     clen: u16,
     /// When it was stored by `put_compressed` (its place in `order`; 0: not queued).
     seq: u32,
+    /// The fork generation of the process that stored it ([`LocalBackend::take_fetched`]).
+    gen: u16,
 }
 
 // The index keeps one per page (64 to a chunk): 16 bytes, where zram keeps 16 too.
@@ -80,6 +82,10 @@ pub struct LocalBackend {
     same: AtomicU64,
     index: PageIndex<Stored>,
     slabs: Slabs,
+    /// Forks this process has been through, as parent or child (0 before any): a page
+    /// stored by an earlier generation lies in memory that may be shared with the other side
+    /// of a fork (copy-on-write).
+    gen: AtomicU16,
 }
 
 impl LocalBackend {
@@ -100,7 +106,40 @@ impl LocalBackend {
             same: AtomicU64::new(0),
             index: PageIndex::new(),
             slabs,
+            gen: AtomicU16::new(0),
         })
+    }
+
+    /// `v` as stored by this process now.
+    fn stamped(&self, v: Stored) -> Stored {
+        Stored {
+            gen: self.gen.load(Ordering::Relaxed),
+            ..v
+        }
+    }
+
+    /// After a fork, in the parent and in the child: what was stored so far is the other
+    /// side's too.
+    pub(crate) fn after_fork(&self) {
+        self.gen.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Forget page `k`, just fetched back, unless it was stored before a fork this process
+    /// went through: that copy lies in memory it may share with the other side (copy-on-
+    /// write), so forgetting it frees nothing, and storing the page again would take new
+    /// memory, where keeping the copy lets the page, if unchanged, be dropped at its next
+    /// eviction. A parent and child that both read the parent's far heap each stored all of
+    /// it again (`bench programs`' c-fork at 25%: 995 MiB used against Linux's 783). The
+    /// price, once the other side is gone: such a page is held twice (local and its copy)
+    /// while it is local, as every page is where far copies are kept. Whether it was
+    /// forgotten.
+    pub(crate) fn take_fetched(&self, k: PageKey) -> bool {
+        let now = self.gen.load(Ordering::Relaxed);
+        // The page is locked by the fetch: its entry cannot change between the two looks.
+        if self.index.get(k).is_some_and(|s| s.gen != now) {
+            return false;
+        }
+        self.take(k)
     }
 
     /// Whether to compress page `k` (its neighbours have been compressing); counted if not.
@@ -125,6 +164,7 @@ impl LocalBackend {
             slot,
             clen: SAME_FILLED,
             seq: 0,
+            gen: 0,
         })
     }
 
@@ -133,7 +173,7 @@ impl LocalBackend {
     fn store_all(&self, keys: &[PageKey], pages: &[&[u8]]) -> Result<(), BackendError> {
         for (&k, page) in keys.iter().zip(pages) {
             let v = self.store(k, page)?;
-            if let Some(o) = self.index.insert(k, v) {
+            if let Some(o) = self.index.insert(k, self.stamped(v)) {
                 self.slabs.free(o.slot);
             }
         }
@@ -168,6 +208,7 @@ impl LocalBackend {
                     slot,
                     clen: n as u16,
                     seq: 0,
+                    gen: 0,
                 }))
             });
             if let Some(r) = got {
@@ -181,6 +222,7 @@ impl LocalBackend {
             slot,
             clen: 0,
             seq: 0,
+            gen: 0,
         })
     }
 
@@ -189,7 +231,7 @@ impl LocalBackend {
     pub(crate) fn put_compressed(&self, k: PageKey, page: &[u8], max_len: usize) -> bool {
         let codec = self.codec.unwrap_or_default();
         if let Some(v) = self.store_same_filled(page) {
-            if let Some(o) = self.index.insert(k, v) {
+            if let Some(o) = self.index.insert(k, self.stamped(v)) {
                 self.slabs.free(o.slot);
             }
             return true;
@@ -210,6 +252,7 @@ impl LocalBackend {
                 slot,
                 clen: n as u16,
                 seq: self.next_seq.fetch_add(1, Ordering::Relaxed).max(1),
+                gen: 0,
             })
         });
         let Some(v) = stored else { return false };
@@ -225,7 +268,7 @@ impl LocalBackend {
                 order.compact_at = 2 * order.queue.len() + 4096;
             }
         }
-        if let Some(o) = self.index.insert(k, v) {
+        if let Some(o) = self.index.insert(k, self.stamped(v)) {
             self.slabs.free(o.slot);
         }
         true
@@ -423,6 +466,18 @@ impl Backend for LocalBackend {
         true
     }
 
+    fn forget_fetched(&self, keys: &[PageKey]) -> Vec<bool> {
+        keys.iter().map(|&k| self.take_fetched(k)).collect()
+    }
+
+    fn fork_parent(&self) {
+        self.after_fork();
+    }
+
+    fn fork_child(&self) {
+        self.after_fork();
+    }
+
     fn longest_wait(&self) -> std::time::Duration {
         // Every request completes during its submission: nothing is ever waited for.
         std::time::Duration::from_secs(60)
@@ -490,6 +545,63 @@ mod tests {
     #[test]
     fn raw_roundtrip() {
         roundtrip(None);
+    }
+
+    /// A copy stored before a fork outlives the fetch of its page after it (the other side
+    /// shares its memory); one stored since is forgotten at the fetch as usual; a discard
+    /// forgets either.
+    #[test]
+    fn copies_from_before_a_fork_are_kept_at_the_fetch() {
+        let b = LocalBackend::new(Some(Codec::Lz4), 64 << 20).unwrap();
+        let key = |p| PageKey { region: 3, page: p };
+        let write = |keys: Vec<PageKey>, salt: u8| {
+            let mut buf = PageBuf::new(keys.len());
+            buf.set_len(keys.len());
+            for (i, x) in buf.bytes_mut().iter_mut().enumerate() {
+                *x = (i as u8).wrapping_mul(salt);
+            }
+            b.submit_write(IoClass::WriteBack, keys, buf)
+                .wait(std::time::Duration::from_secs(5))
+                .unwrap();
+        };
+        write(vec![key(0), key(1)], 3);
+        assert_eq!(
+            b.forget_fetched(&[key(0)]),
+            [true],
+            "no fork yet: forgotten"
+        );
+        b.after_fork();
+        write(vec![key(2)], 5);
+        assert_eq!(
+            b.forget_fetched(&[key(1), key(2)]),
+            [false, true],
+            "kept: stored before the fork; forgotten: stored after it"
+        );
+        let got = b
+            .submit_read(IoClass::Demand, vec![key(1)], PageBuf::new(1))
+            .wait(std::time::Duration::from_secs(5))
+            .expect("the kept copy reads back");
+        assert!(got
+            .buf
+            .bytes()
+            .iter()
+            .enumerate()
+            .all(|(i, &x)| x == (i as u8).wrapping_mul(3)));
+        write(vec![key(1)], 7);
+        assert_eq!(
+            b.forget_fetched(&[key(1)]),
+            [true],
+            "stored again since the fork: forgotten"
+        );
+        write(vec![key(4)], 9);
+        b.after_fork();
+        b.forget(&[key(4)]);
+        assert!(
+            b.submit_read(IoClass::Demand, vec![key(4)], PageBuf::new(1))
+                .wait(std::time::Duration::from_secs(5))
+                .is_err(),
+            "a discard forgets a copy from before a fork too"
+        );
     }
 
     #[test]

@@ -170,10 +170,12 @@ impl Backend for TieredBackend {
     }
 
     fn fork_parent(&self) {
+        self.dram.after_fork();
         self.file.fork_parent();
     }
 
     fn fork_child(&self) {
+        self.dram.after_fork();
         self.file.fork_child();
     }
 
@@ -242,7 +244,7 @@ impl Backend for TieredBackend {
 
     /// Compressed copies go (memory), copies in the file stay (disk).
     fn forget_fetched(&self, keys: &[PageKey]) -> Vec<bool> {
-        keys.iter().map(|&k| self.dram.take(k)).collect()
+        keys.iter().map(|&k| self.dram.take_fetched(k)).collect()
     }
 
     fn stored_bytes(&self) -> u64 {
