@@ -82,11 +82,15 @@ fn apply(st: &State) {
     st.other_pages.store(other, Ordering::Relaxed);
     let unshared = anon.saturating_sub(far_tiers);
     let evicted = st.stats.c.pages_evicted.load(Ordering::Relaxed);
-    match st
-        .tree
-        .as_ref()
-        .and_then(|t| t.measure(asked, unshared, far_tiers, evicted))
-    {
+    match st.tree.as_ref().and_then(|t| {
+        t.measure(
+            asked,
+            unshared,
+            far_tiers,
+            store_apart(st, anon, far_tiers),
+            evicted,
+        )
+    }) {
         Some(m) => {
             st.asked_budget.store(m.budget, Ordering::Relaxed);
             // What others are charged for (pages shared copy-on-write) is room here.
@@ -94,6 +98,16 @@ fn apply(st: &State) {
         }
         None => set_regions_budget(st, asked, 0, other),
     }
+}
+
+/// The far tiers' address range, where they hold enough of the process's memory to be worth
+/// measuring apart (an eighth): that reads all of `/proc/self/smaps` instead of its rollup,
+/// and python3's many mappings made it so much dearer that the measurements, spaced by their
+/// cost, came too seldom (its multiprocessing workers at 243M peaked at 334 MiB against 290).
+fn store_apart(st: &State, anon: usize, far_tiers: usize) -> Option<(usize, usize)> {
+    (far_tiers * 8 > anon)
+        .then(|| st.backend.store_range())
+        .flatten()
 }
 
 /// The regions get `base` (the budget, or this process's share of its tree's) plus `shared`

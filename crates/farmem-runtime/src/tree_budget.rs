@@ -274,6 +274,12 @@ pub struct Membership {
     rollup_cost_ns: AtomicU64,
     /// The process may share memory with others (it forked or was forked).
     may_share: std::sync::atomic::AtomicBool,
+    /// The part of its far tiers' memory that is this process's (per mille), measured with
+    /// the shared pages: after a fork the in-process store is shared copy-on-write like the
+    /// rest, and counted whole by each sharer it made the members count hundreds of MiB
+    /// twice, which the cgroup's charge then read as room (the budget rose towards twice
+    /// the tree's: the C fork program at 137M peaked at 995 MiB against Linux's 783).
+    far_permille: AtomicUsize,
     /// Pages evicted at the last measurement (to tell a pressed member).
     evicted_seen: AtomicU64,
     /// The tree's cgroup, when it has one this process is in.
@@ -296,6 +302,7 @@ impl Membership {
             rollup_ns: AtomicU64::new(0),
             rollup_cost_ns: AtomicU64::new(0),
             may_share: Default::default(),
+            far_permille: AtomicUsize::new(1000),
             evicted_seen: AtomicU64::new(0),
             cgroup,
             unattributed: Default::default(),
@@ -338,13 +345,15 @@ impl Membership {
     }
 
     /// Publish this process's charge (`unshared`: its anonymous pages less the far tiers'
-    /// `far`, before the shared correction) and return what its budget follows from, or None
-    /// when the process is not a member (no room in the file).
+    /// `far`, before the shared correction; `store`: the address range holding the far
+    /// tiers' blocks, if one does) and return what its budget follows from, or None when the
+    /// process is not a member (no room in the file).
     pub fn measure(
         &self,
         asked: usize,
         unshared: usize,
         far: usize,
+        store: Option<(usize, usize)>,
         evicted: u64,
     ) -> Option<Measured> {
         if !self.is_member() {
@@ -361,8 +370,9 @@ impl Membership {
         let budget = self.file.budget(asked);
         let others: usize = members.iter().map(|m| m.charged).sum();
         let roomy = others + unshared - self.shared_now(unshared) < budget / 4 * 3;
-        self.refresh_shared(now, unshared, !members.is_empty(), roomy);
+        self.refresh_shared(now, unshared, !members.is_empty(), roomy, store);
         let charged = unshared - self.shared_now(unshared);
+        let far = far * self.far_permille.load(Ordering::Relaxed) / 1000;
         let seen = self.evicted_seen.swap(evicted, Ordering::Relaxed);
         let pressed = evicted != seen;
         let s = self.file.slot(i);
@@ -435,7 +445,14 @@ impl Membership {
 
     /// Measure the shared part of the process's memory if it is due: only in a process that
     /// forked or was forked, while other members live.
-    fn refresh_shared(&self, now: u64, unshared: usize, others_live: bool, roomy: bool) {
+    fn refresh_shared(
+        &self,
+        now: u64,
+        unshared: usize,
+        others_live: bool,
+        roomy: bool,
+        store: Option<(usize, usize)>,
+    ) {
         if !self.may_share.load(Ordering::Relaxed) {
             return;
         }
@@ -453,17 +470,28 @@ impl Membership {
         if !others_live {
             // Nobody to share with now.
             self.shared_then.store(0, Ordering::Relaxed);
+            self.far_permille.store(1000, Ordering::Relaxed);
             return;
         }
         // Its cost in CPU time: with more processes than CPUs the wall time is mostly waiting.
         let t0 = thread_cpu_ns();
-        let Some((anon_kib, pss_anon_kib)) = anon_and_pss() else {
+        let Some((mut anon_kib, mut pss_anon_kib)) = anon_and_pss() else {
             self.may_share.store(false, Ordering::Relaxed);
+            self.far_permille.store(1000, Ordering::Relaxed);
             return;
         };
+        // The far tiers' blocks are measured apart: they are shared (or not) on their own.
+        // Elsewhere they are assumed shared as much as the rest.
+        if let Some((store_rss, store_pss)) = store.and_then(range_rss_pss) {
+            anon_kib = anon_kib.saturating_sub(store_rss);
+            pss_anon_kib = pss_anon_kib.saturating_sub(store_pss);
+            let permille = (store_pss * 1000)
+                .checked_div(store_rss)
+                .map_or(1000, |p| p.min(1000) as usize);
+            self.far_permille.store(permille, Ordering::Relaxed);
+        }
         let cost = thread_cpu_ns().saturating_sub(t0);
         self.rollup_cost_ns.store(cost, Ordering::Relaxed);
-        // The far tiers' memory, not charged, is assumed shared as much as the rest.
         let shared_kib = anon_kib.saturating_sub(pss_anon_kib);
         let shared = if anon_kib == 0 {
             0
@@ -479,7 +507,7 @@ impl Membership {
             cost,
             "tree budget: shared memory measured"
         );
-        if shared == 0 {
+        if shared == 0 && self.far_permille.load(Ordering::Relaxed) == 1000 {
             // Nothing shared any more (a child that executed, or one that rewrote all).
             self.may_share.store(false, Ordering::Relaxed);
         }
@@ -515,9 +543,54 @@ fn anon_and_pss() -> Option<(u64, u64)> {
     Some((field("Anonymous:")?, field("Pss_Anon:")?))
 }
 
+/// `Rss` and `Pss` of this process's mappings inside `[start, start + len)` (`/proc/self/
+/// smaps`), KiB.
+fn range_rss_pss((start, len): (usize, usize)) -> Option<(u64, u64)> {
+    let s = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let end = start + len;
+    let (mut inside, mut rss, mut pss) = (false, 0u64, 0u64);
+    for line in s.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some((a, b)) = first.split_once('-') {
+            if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                inside = a < end && b > start;
+                continue;
+            }
+        }
+        if !inside {
+            continue;
+        }
+        let value = || line.split_whitespace().nth(1)?.parse::<u64>().ok();
+        if line.starts_with("Rss:") {
+            rss += value()?;
+        } else if line.starts_with("Pss:") {
+            pss += value()?;
+        }
+    }
+    Some((rss, pss))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A mapping's resident pages show in its range's Rss and Pss; another range's do not.
+    #[test]
+    fn a_range_is_measured_apart() {
+        let len = 64 * 4096;
+        let p = farmem_sys::mem::map_anon(len, libc::PROT_READ | libc::PROT_WRITE).unwrap();
+        for i in 0..32 {
+            // SAFETY: inside the mapping just made.
+            unsafe { p.add(i * 4096).write(1) };
+        }
+        let (rss, pss) = range_rss_pss((p as usize, len)).expect("smaps");
+        assert!((128..=256).contains(&rss), "32 pages written: {rss} KiB");
+        assert_eq!(pss, rss, "not shared");
+        // SAFETY: the mapping made above.
+        unsafe { farmem_sys::mem::unmap(p, len) };
+        let (rss, _) = range_rss_pss((p as usize, len)).expect("smaps");
+        assert_eq!(rss, 0, "unmapped");
+    }
 
     fn m(charged: usize, pressed: bool) -> Member {
         Member { charged, pressed }

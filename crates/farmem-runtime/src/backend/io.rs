@@ -399,6 +399,13 @@ pub trait Backend: Send + Sync {
         None
     }
 
+    /// The address range of this process holding the far pages' blocks, if the backend keeps
+    /// them in one (the in-process stores' slab reservation): a forked process measures how
+    /// much of it it shares (`tree_budget`).
+    fn store_range(&self) -> Option<(usize, usize)> {
+        None
+    }
+
     /// Reads this backend has made from a disk so far.
     fn disk_reads(&self) -> u64 {
         0

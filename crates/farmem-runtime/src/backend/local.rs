@@ -466,6 +466,10 @@ impl Backend for LocalBackend {
         true
     }
 
+    fn store_range(&self) -> Option<(usize, usize)> {
+        Some(self.slabs.range())
+    }
+
     fn forget_fetched(&self, keys: &[PageKey]) -> Vec<bool> {
         keys.iter().map(|&k| self.take_fetched(k)).collect()
     }

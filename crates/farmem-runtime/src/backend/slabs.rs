@@ -151,6 +151,11 @@ impl Slabs {
         })
     }
 
+    /// The reservation: its address and length.
+    pub(crate) fn range(&self) -> (usize, usize) {
+        (self.base as usize, self.len)
+    }
+
     /// The class of a block of `len` bytes (1..=4096).
     pub(crate) fn class_for(len: usize) -> usize {
         len.max(1).div_ceil(GRAIN) - 1

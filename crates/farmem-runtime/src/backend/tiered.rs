@@ -169,6 +169,10 @@ impl Backend for TieredBackend {
         self.file.fork_prepare();
     }
 
+    fn store_range(&self) -> Option<(usize, usize)> {
+        self.dram.store_range()
+    }
+
     fn fork_parent(&self) {
         self.dram.after_fork();
         self.file.fork_parent();
