@@ -152,16 +152,36 @@ const PM_PRESENT: u64 = 1 << 63;
 /// not exclusive.
 pub fn exclusive_pages(pagemap: RawFd, first_vpn: usize, out: &mut [bool]) -> io::Result<()> {
     let mut entries = vec![0u64; out.len()];
-    let bytes = entries.len() * 8;
+    // SAFETY: `entries` holds exactly the bytes read into it, and lives across the call.
+    unsafe {
+        pread_full(
+            pagemap,
+            entries.as_mut_ptr().cast(),
+            entries.len() * 8,
+            (first_vpn * 8) as u64,
+        )?
+    };
+    for (o, e) in out.iter_mut().zip(&entries) {
+        *o = e & PM_PRESENT != 0 && e & PM_MMAP_EXCLUSIVE != 0;
+    }
+    Ok(())
+}
+
+/// Read `len` bytes at `offset` of `fd` into `buf`, going on after short reads and
+/// interruptions; an end of file before `len` bytes is an error.
+///
+/// # Safety
+/// `buf` must be valid for writes of `len` bytes.
+pub unsafe fn pread_full(fd: RawFd, buf: *mut u8, len: usize, offset: u64) -> io::Result<()> {
     let mut done = 0;
-    while done < bytes {
-        // SAFETY: reads into the bytes of `entries` past those already read.
+    while done < len {
+        // SAFETY: the caller's guarantee: `buf` holds `len` bytes, `done` of them read.
         let n = unsafe {
             libc::pread(
-                pagemap,
-                entries.as_mut_ptr().cast::<u8>().add(done).cast(),
-                bytes - done,
-                (first_vpn * 8 + done) as libc::off_t,
+                fd,
+                buf.add(done).cast(),
+                len - done,
+                (offset + done as u64) as libc::off_t,
             )
         };
         match n {
@@ -174,9 +194,6 @@ pub fn exclusive_pages(pagemap: RawFd, first_vpn: usize, out: &mut [bool]) -> io
                 }
             }
         }
-    }
-    for (o, e) in out.iter_mut().zip(&entries) {
-        *o = e & PM_PRESENT != 0 && e & PM_MMAP_EXCLUSIVE != 0;
     }
     Ok(())
 }

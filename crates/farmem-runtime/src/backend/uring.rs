@@ -97,29 +97,11 @@ pub(crate) unsafe fn read_all(runs: &[ReadRun]) -> io::Result<()> {
 }
 
 /// Read run `r` from byte `from` of it to its end with `pread` (a short read goes on).
-unsafe fn pread_full(r: &ReadRun, mut from: usize) -> io::Result<()> {
-    while from < r.len {
-        // SAFETY: the caller's guarantee: `buf` holds `len` bytes.
-        let n = unsafe {
-            libc::pread(
-                r.fd,
-                r.buf.add(from).cast(),
-                r.len - from,
-                (r.offset + from as u64) as libc::off_t,
-            )
-        };
-        match n {
-            n if n > 0 => from += n as usize,
-            0 => return Err(io::ErrorKind::UnexpectedEof.into()),
-            _ => {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            }
-        }
+unsafe fn pread_full(r: &ReadRun, from: usize) -> io::Result<()> {
+    // SAFETY: the caller's guarantee: `buf` holds `len` bytes, `from` of them read.
+    unsafe {
+        farmem_sys::mem::pread_full(r.fd, r.buf.add(from), r.len - from, r.offset + from as u64)
     }
-    Ok(())
 }
 
 /// The runs through `ring`; returns once every submitted read has completed.
