@@ -185,11 +185,13 @@ pub(crate) fn evict_batch_if(st: &State, max: usize, wanted: impl Fn() -> bool) 
     // Victims a forked relative maps too free nothing: look further for others (a child's
     // oldest pages are its parent's), and evict them only if nothing else is found.
     let mut shared = Vec::new();
+    let mut still_wanted = true;
     for _ in 0..SHARED_LOOKS {
         let mut more = Vec::with_capacity(max - cands.len());
         {
             let mut policy = st.policy();
             if !wanted() {
+                still_wanted = false;
                 break;
             }
             policy.take_victims(max - cands.len(), &mut more, &PageTableUse);
@@ -206,7 +208,7 @@ pub(crate) fn evict_batch_if(st: &State, max: usize, wanted: impl Fn() -> bool) 
         }
         shared.extend(found);
     }
-    if cands.is_empty() {
+    if cands.is_empty() && still_wanted {
         cands = shared;
     } else if !shared.is_empty() {
         add(&st.stats.c.shared_skipped, shared.len() as u64);
