@@ -122,7 +122,6 @@ extern "C" fn parent() {
         match way {
             Some(Way::KeepFar) => {
                 for st in &runtimes {
-                    st.shared.note_fork();
                     st.backend.fork_parent();
                     if let Some(t) = &st.tree {
                         t.after_fork_in_parent();
@@ -173,7 +172,6 @@ fn take_over(st: &Arc<State>) {
         ))
     };
     st.pid.store(std::process::id(), Ordering::Relaxed);
-    st.shared.note_fork();
     // Its statistics are its own: what the parent did is counted in the parent.
     st.stats.c.reset();
     if let Err(e) = st.uffd.reopen_in_child() {

@@ -56,7 +56,6 @@ mod reclaim;
 mod region;
 mod regions;
 mod registry;
-mod shared_pages;
 mod state;
 mod thread;
 mod watchdog;

@@ -161,10 +161,6 @@ fn ranges_of(vpns: impl Iterator<Item = usize>) -> Vec<(usize, usize)> {
 /// own round trip (measured 4% slower on random scans over TCP).
 const RANGES_PER_STEP: usize = 16;
 
-/// Batches of victims looked at for ones no forked relative maps, before shared ones are
-/// evicted anyway (`shared_pages.rs`).
-const SHARED_LOOKS: usize = 16;
-
 /// Evict up to `max` pages. Returns how many left local memory.
 pub(crate) fn evict_batch(st: &State, max: usize) -> usize {
     evict_batch_if(st, max, || true)
@@ -182,40 +178,12 @@ pub(crate) fn evict_batch_if(st: &State, max: usize, wanted: impl Fn() -> bool) 
     }
     let t0 = Instant::now();
     let mut cands = Vec::with_capacity(max);
-    // Victims a forked relative maps too free nothing: look further for others (a child's
-    // oldest pages are its parent's), and evict them only if nothing else is found.
-    let mut shared = Vec::new();
-    let mut still_wanted = true;
-    for _ in 0..SHARED_LOOKS {
-        let mut more = Vec::with_capacity(max - cands.len());
-        {
-            let mut policy = st.policy();
-            if !wanted() {
-                still_wanted = false;
-                break;
-            }
-            policy.take_victims(max - cands.len(), &mut more, &PageTableUse);
+    {
+        let mut policy = st.policy();
+        if !wanted() {
+            return 0;
         }
-        if more.is_empty() {
-            break;
-        }
-        more.sort_unstable();
-        let found = st.shared.take_shared(&mut more);
-        cands.extend(more);
-        if found.is_empty() || cands.len() >= max / 2 {
-            shared.extend(found);
-            break;
-        }
-        shared.extend(found);
-    }
-    if cands.is_empty() && still_wanted {
-        cands = shared;
-    } else if !shared.is_empty() {
-        add(&st.stats.c.shared_skipped, shared.len() as u64);
-        let mut p = st.policy.lock();
-        for v in shared {
-            p.reinsert(v);
-        }
+        policy.take_victims(max, &mut cands, &PageTableUse);
     }
     if cands.is_empty() {
         return 0;

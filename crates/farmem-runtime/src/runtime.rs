@@ -192,7 +192,6 @@ impl Runtime {
             far_full_until: AtomicU64::new(0),
             far_full_backoff: AtomicU64::new(0),
             inflight: Default::default(),
-            shared: Default::default(),
             reclaim_paused: AtomicBool::new(false),
             over_budget_once: AtomicBool::new(false),
             extents: Default::default(),

@@ -77,8 +77,6 @@ pub(crate) struct State {
     pub far_full_backoff: AtomicU64,
     /// Read-ahead batches in flight (see `fetch/readahead.rs`).
     pub inflight: InFlightSet,
-    /// Pages shared with forked relatives, which reclaim leaves (`shared_pages.rs`).
-    pub shared: crate::shared_pages::SharedPages,
     /// Reclaim is paused while a fork brings far pages back (see `fork.rs`); fetches may
     /// then exceed the budget.
     pub reclaim_paused: AtomicBool,

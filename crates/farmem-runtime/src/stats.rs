@@ -114,7 +114,6 @@ counters! {
     protect_handoffs: "Evictions whose write-protects the fault thread made on the program's CPU for the control thread.",
     protect_handoffs_withdrawn: "Of those offered, the ones the fault thread did not take in time (the control thread made them).",
     neighbour_reads: "Next pages read with an unpredicted fault because, on sample faults, the next page faulted soon after (objects straddling pages).",
-    shared_skipped: "Eviction candidates left local because a forked relative maps them too (evicting them would free nothing).",
 }
 
 pub(crate) struct Stats {

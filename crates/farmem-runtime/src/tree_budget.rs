@@ -481,7 +481,8 @@ impl Membership {
             return;
         };
         // The far tiers' blocks are measured apart: they are shared (or not) on their own.
-        // Elsewhere they are assumed shared as much as the rest.
+        // Elsewhere they are assumed shared as much as the rest. (A second read: per mapping,
+        // `smaps` has no `Pss_Anon`, which only its rollup sums.)
         if let Some((store_rss, store_pss)) = store.and_then(range_rss_pss) {
             anon_kib = anon_kib.saturating_sub(store_rss);
             pss_anon_kib = pss_anon_kib.saturating_sub(store_pss);

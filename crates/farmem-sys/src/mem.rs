@@ -141,32 +141,6 @@ pub fn resident_pages(p: usize, len: usize) -> io::Result<Vec<bool>> {
     Ok(vec.iter().map(|b| b & 1 != 0).collect())
 }
 
-/// `/proc/PID/pagemap` entry bits (Documentation/admin-guide/mm/pagemap.rst).
-const PM_MMAP_EXCLUSIVE: u64 = 1 << 56;
-const PM_PRESENT: u64 = 1 << 63;
-
-/// For each page from virtual page `first_vpn` (as many as `out` holds): whether it is
-/// present and mapped by this process alone, read from `pagemap` (this process's
-/// `/proc/PID/pagemap`, opened by this process: a descriptor inherited across `fork` reads
-/// the parent's). A page shared with a forked relative (copy-on-write, not yet written) is
-/// not exclusive.
-pub fn exclusive_pages(pagemap: RawFd, first_vpn: usize, out: &mut [bool]) -> io::Result<()> {
-    let mut entries = vec![0u64; out.len()];
-    // SAFETY: `entries` holds exactly the bytes read into it, and lives across the call.
-    unsafe {
-        pread_full(
-            pagemap,
-            entries.as_mut_ptr().cast(),
-            entries.len() * 8,
-            (first_vpn * 8) as u64,
-        )?
-    };
-    for (o, e) in out.iter_mut().zip(&entries) {
-        *o = e & PM_PRESENT != 0 && e & PM_MMAP_EXCLUSIVE != 0;
-    }
-    Ok(())
-}
-
 /// Read `len` bytes at `offset` of `fd` into `buf`, going on after short reads and
 /// interruptions; an end of file before `len` bytes is an error.
 ///

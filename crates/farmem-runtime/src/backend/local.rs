@@ -135,8 +135,9 @@ impl LocalBackend {
     /// forgotten.
     pub(crate) fn take_fetched(&self, k: PageKey) -> bool {
         let now = self.gen.load(Ordering::Relaxed);
-        // The page is locked by the fetch: its entry cannot change between the two looks.
-        if self.index.get(k).is_some_and(|s| s.gen != now) {
+        // Before any fork every copy is this process's: one lookup, as before. The page is
+        // locked by the fetch: its entry cannot change between the two looks.
+        if now != 0 && self.index.get(k).is_some_and(|s| s.gen != now) {
             return false;
         }
         self.take(k)
