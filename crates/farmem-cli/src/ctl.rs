@@ -11,10 +11,13 @@ use anyhow::{bail, Context, Result};
                         --watch 1\n\nOnly the program's own user and root may control it."
 )]
 pub struct Args {
-    /// The process id of a program running under `farmem run`.
+    /// The process id of a program running under `farmem run`, or of a child it made with
+    /// fork() (each forked worker answers for itself).
     pid: u32,
     /// Set its local budget (512M, 2G): shrinking evicts at once and returns when its
-    /// resident set fits; growing stops evicting.
+    /// resident set fits; growing stops evicting. Processes that share one budget (a
+    /// program and the children it forks, unless run with --fork-local-mem) share the new
+    /// one too, whichever of them is asked.
     #[arg(long, value_name = "SIZE")]
     local_mem: Option<String>,
     /// Print its statistics as JSON (the default when nothing else is asked).

@@ -5,7 +5,7 @@ use std::process::{Command, Stdio};
 
 mod run_support;
 
-use run_support::{compile, farmem_bin, start_until_filled, Scratch};
+use run_support::{child_of, compile, farmem_bin, start_until_filled, Scratch};
 
 fn ctl(args: &[&str]) -> std::process::Output {
     Command::new(farmem_bin())
@@ -153,4 +153,75 @@ fn watching_a_program_shows_its_budget_local_and_other_memory() {
         "the far heap keeps to what the other memory leaves: {text}"
     );
     assert!(far > 0.0, "most of 48 MiB is far: {text}");
+}
+
+/// A child made by `fork()` that keeps its far memory answers `farmem ctl` under its own pid:
+/// its own statistics, and a size sent to it is the budget of the tree both share.
+#[test]
+fn a_forked_child_is_watched_and_resized_through_its_own_socket() {
+    use std::io::{BufRead, BufReader};
+    let scratch = Scratch::new("ctl-fork");
+    let hold = compile("hold_fork", &scratch);
+    let mut run = Command::new(farmem_bin())
+        .args([
+            "run",
+            "--local-mem",
+            "64M",
+            "--backend",
+            "local+lz4://",
+            "--",
+        ])
+        .arg(&hold)
+        .arg("48")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(run.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let child = line
+        .trim()
+        .strip_prefix("forked ")
+        .unwrap_or_else(|| panic!("the program forked: {line:?}"))
+        .to_string();
+    let parent = child_of(run.id()).to_string();
+    assert_ne!(child, parent);
+
+    // Its own statistics: its counters start at the fork, its pages are its own.
+    let s = stats(&child);
+    assert!(s["resident_pages"].as_u64().unwrap() > 0, "{s}");
+
+    // Shrinking the tree through the child: the child fits its share at once, and the parent
+    // follows; both keep checking their data.
+    let o = ctl(&[&child, "--local-mem", "16M"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let (c, p) = (stats(&child), stats(&parent));
+        let resident = |s: &serde_json::Value| s["resident_pages"].as_u64().unwrap();
+        if resident(&c) + resident(&p) <= 4096 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the tree fits 16 MiB within 5 s: child {c}, parent {p}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        stats(&child)["unhinted_faults"].as_u64().unwrap() > 0,
+        "the child reads its far data back"
+    );
+
+    // SAFETY: plain kill(2) of the program we started (its child follows it).
+    unsafe { libc::kill(parent.parse().unwrap(), libc::SIGTERM) };
+    let out = run.wait_with_output().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("BAD"),
+        "a process found its data wrong: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -1,7 +1,10 @@
 //! The control socket: `farmem ctl PID` talks to a running program through it.
 //!
 //! An abstract Unix socket named `farmem-ctl-PID` (no file to leave behind; closed at exec,
-//! when the new image opens its own). Only the program's own user and root may use it
+//! when the new image opens its own). A child made by `fork()` that keeps its far memory
+//! opens its own under its pid ([`restart_in_child`]), so each worker of a forking server
+//! can be watched; in a process tree sharing one budget (`farmem run`'s default), a size
+//! sent to any member is the tree's. Only the program's own user and root may use it
 //! (`SO_PEERCRED`). One request per connection, one line each way:
 //! `local-mem BYTES` → `ok` (the budget changed, and the resident set fits it) or
 //! `error MESSAGE`; `stats` → the statistics as one JSON object.
@@ -10,6 +13,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
 /// How long a shrink may take before the request answers with an error.
@@ -20,14 +24,32 @@ pub fn socket_name(pid: u32) -> String {
     format!("farmem-ctl-{pid}")
 }
 
+/// The descriptor of this process's listening socket (-1: none), for a forked child to
+/// close: its serving thread did not come along.
+static LISTENER: AtomicI32 = AtomicI32::new(-1);
+
 /// Open this process's control socket and serve it on a runtime thread (`farmem-ctl`).
 pub fn start(rt: &crate::Runtime) -> std::io::Result<()> {
     let _local = crate::scope::LocalScope::enter();
     let addr = SocketAddr::from_abstract_name(socket_name(std::process::id()))?;
     let listener = UnixListener::bind_addr(&addr)?;
+    LISTENER.store(listener.as_raw_fd(), Ordering::Release);
     let rt = rt.clone();
     crate::thread::spawn("farmem-ctl".into(), move || serve(listener, rt))?;
     Ok(())
+}
+
+/// In a child made by `fork()` that kept the runtime: let go of the parent's socket (kept
+/// open here, it would keep the parent's name taken after the parent ends, and nothing
+/// here serves it) and open this process's own.
+pub fn restart_in_child(rt: &crate::Runtime) -> std::io::Result<()> {
+    let fd = LISTENER.swap(-1, Ordering::AcqRel);
+    if fd >= 0 {
+        // SAFETY: the inherited listening socket, which nothing in this process uses: its
+        // owner (the serving thread) exists only in the parent.
+        unsafe { libc::close(fd) };
+    }
+    start(rt)
 }
 
 /// The uid of the peer of `s`.
