@@ -49,8 +49,8 @@ macro_rules! counters {
             /// within the budget ([`crate::BudgetScope::Process`]; else 0).
             pub other_bytes: u64,
             /// Memory the process tree's cgroup is charged that no process of the tree
-            /// counts (page tables, processes farmem does not run), taken from the tree's
-            /// budget (`FARMEM_CGROUP`; else 0).
+            /// counts (page tables, processes farmem does not run, dirty file pages), taken
+            /// from the tree's budget (`FARMEM_CGROUP`; else 0).
             pub tree_uncounted_bytes: u64,
         }
 

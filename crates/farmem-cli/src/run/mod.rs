@@ -30,7 +30,8 @@ use clap::Parser;
                   limit does: each process takes a share (--fork-local-mem gives forked \
                   children budgets of their own instead). As root the program also runs in \
                   a memory cgroup of its own, with no limit, and the budget covers what \
-                  that cgroup is charged (page tables, processes farmem does not run). A forked child keeps its far \
+                  that cgroup is charged (page tables, processes farmem does not run, files written \
+                  and not yet written back). A forked child keeps its far \
                   pages far (with a tcp:// backend its memory is brought back local)."
 )]
 pub struct Args {
@@ -50,8 +51,9 @@ pub struct Options {
     /// Local memory for the program: a size (512M, 2G) or a percentage of the program's
     /// peak memory (25%), which needs --peak or --measure-peak. Default: half of this
     /// machine's memory. Like a memory cgroup's limit, it covers all of the program's
-    /// anonymous memory: its heap gets what the rest (stacks, the runtime, memory farmem does
-    /// not manage) leaves, but never less than half (FARMEM_BUDGET_SCOPE=regions: the heap
+    /// anonymous memory and (as root) the file pages it has written and not yet written
+    /// back: its heap gets what the rest (stacks, the runtime, memory farmem does not
+    /// manage, dirty files) leaves, but never less than half (FARMEM_BUDGET_SCOPE=regions: the heap
     /// gets all of it). The far tiers' memory (compressed pages) is not counted, as zram's is
     /// not charged to a cgroup: --stats shows it.
     #[arg(long, value_name = "SIZE|PCT%")]

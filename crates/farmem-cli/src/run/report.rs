@@ -172,7 +172,7 @@ impl Report {
             let _ = writeln!(
                 o,
                 "  of the budget, the tree's memory no process counts {:.1} MiB (its cgroup's \
-                 page tables, processes farmem does not run)",
+                 page tables, processes farmem does not run, files written and not yet on disk)",
                 mib(stat(m, "tree_uncounted_bytes"))
             );
         }
