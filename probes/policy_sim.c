@@ -1,10 +1,13 @@
 /*
- * policy_sim: how many pages would each reclaim policy read back on the suite's kvs?
+ * policy_sim: how many pages would each reclaim policy read back on the suite's kvs or
+ * dictgrow?
  *
  * Generates the page-access sequence of `kvs MIB` (crates/farmem-bench/workloads/kvs.c:
- * same table layout, same requests) and replays it against a local budget of BUDGET pages,
- * from the state its init leaves (every page touched once in address order), counting the
- * pages each policy would have to read back (page-ins) during the requests:
+ * same table layout, same requests) or of the lookups of `dictgrow MIB` (dictgrow.c: its
+ * objects, entries and final index, every probe reading an entry) and replays it against a
+ * local budget of BUDGET pages, from the state its init leaves (every page touched once in
+ * address order), counting the pages each policy would have to read back (page-ins) during
+ * the requests:
  *
  *   lru       exact LRU (what per-access information buys at best)
  *   clock     second chance with a reference bit set by every access (Linux's shape)
@@ -12,11 +15,17 @@
  *   refault   fifo plus refault-distance credits (farmem's second-chance: a page whose
  *             refault distance is under the budget comes back one level higher, up to 3,
  *             and survives level + 1 extra passes of the hand)
+ *   nbavg     refault credits, a page's level taken from its 2 MiB neighbourhood instead
+ *             of its own refaults in a row: the neighbourhood's average refault distance
+ *             (moving 1/8 per refault) against the average over all refaults (1/1024):
+ *             shorter by any, 1.2x, 1.5x: levels 1, 2, 3 (a data structure's pages are used
+ *             alike, so the average says how hot they are, even those that stay local and
+ *             never show a use; the higher of the two levels did half as well)
  *   inact P   refault, with P% of the budget an unmapped inactive list: a touch there is
  *             a minor fault (no read) that moves the page back to the active list
  *             (a "soft inactive list" through UFFDIO_MOVE); its minor faults are printed
  *
- * usage: policy_sim MIB BUDGET_PAGES [BUDGET_PAGES...]
+ * usage: policy_sim [kvs|dictgrow] MIB BUDGET_PAGES [BUDGET_PAGES...]   (default kvs)
  */
 #include "../crates/farmem-bench/workloads/common.h"
 
@@ -101,6 +110,45 @@ static uint32_t make_trace(uint64_t mib) {
     return table_pages + (uint32_t)(nobjs * 2);
 }
 
+/* dictgrow's lookups (crates/farmem-bench/workloads/dictgrow.c): its objects (48 B plus the
+ * allocator's 16, in insertion order), then its entries array (24 B each), then its final
+ * index (4-byte slots, linear probing, every probe reading the entry it names). */
+static uint32_t make_dict_trace(uint64_t mib) {
+    uint64_t keys = mib * MIB / 110, cap = 8;
+    while ((keys + 1) * 3 > cap * 2)
+        cap *= 2;
+    uint32_t *idx = malloc(cap * 4);
+    uint64_t *hs = malloc(keys * 8);
+    if (idx == NULL || hs == NULL)
+        die("out of memory");
+    memset(idx, 0xff, cap * 4);
+    for (uint64_t i = 0; i < keys; i++) {
+        uint64_t h = mix64(mix64(i ^ 0xd1c7)), s = h & (cap - 1);
+        hs[i] = h;
+        while (idx[s] != UINT32_MAX)
+            s = (s + 1) & (cap - 1);
+        idx[s] = (uint32_t)i;
+    }
+    uint32_t ent0 = (uint32_t)((keys * 64 + PAGE - 1) / PAGE);
+    uint32_t idx0 = ent0 + (uint32_t)((keys * 24 + PAGE - 1) / PAGE);
+    struct rng r;
+    rng_seed(&r, 77);
+    for (uint64_t l = 0; l < keys / 16; l++) {
+        uint64_t k = rng_next(&r) % keys, h = mix64(mix64(k ^ 0xd1c7));
+        for (uint64_t s = h & (cap - 1);; s = (s + 1) & (cap - 1)) {
+            record(idx0 + (uint32_t)(s * 4 / PAGE));
+            uint32_t e = idx[s];
+            record(ent0 + (uint32_t)(e * 24ull / PAGE));
+            if (hs[e] == h)
+                break;
+        }
+        record((uint32_t)(k * 64 / PAGE));
+    }
+    free(idx);
+    free(hs);
+    return idx0 + (uint32_t)(cap * 4 / PAGE);
+}
+
 /* ---- an intrusive list of pages ---- */
 
 static int32_t *prv, *nxt;
@@ -138,7 +186,8 @@ static int32_t pop_oldest(struct list *l) {
 
 /* ---- the policies ---- */
 
-enum policy { LRU, CLOCK, FIFO, REFAULT, INACTIVE };
+enum policy { LRU, CLOCK, FIFO, REFAULT, NBAVG, INACTIVE };
+#define NB_PAGES 512
 enum where { FAR, ACTIVE, INACT };
 
 struct result {
@@ -149,7 +198,8 @@ static struct result replay(enum policy pol, uint32_t npages, long budget, int i
     uint8_t *where = calloc(npages, 1), *ref = calloc(npages, 1), *level = calloc(npages, 1),
             *credit = calloc(npages, 1);
     uint64_t *shadow = calloc(npages, 8), clock = 0;
-    if (!where || !ref || !level || !credit || !shadow)
+    double *nbavg = calloc(npages / NB_PAGES + 1, sizeof *nbavg), overall = 0;
+    if (!where || !ref || !level || !credit || !shadow || !nbavg)
         die("out of memory");
     struct list act = {-1, -1, 0}, ina = {-1, -1, 0};
     long active_max = pol == INACTIVE ? budget - budget * inact_pct / 100 : budget;
@@ -177,6 +227,13 @@ static struct result replay(enum policy pol, uint32_t npages, long budget, int i
             /* A recent refault (distance under the budget) climbs a level. */
             int recent = shadow[p] != 0 && clock - shadow[p] < (uint64_t)budget;
             level[p] = recent ? (level[p] < MAX_LEVEL ? level[p] + 1 : MAX_LEVEL) : 0;
+            if (pol == NBAVG && shadow[p] != 0) {
+                double d = (double)(clock - shadow[p]), *a = &nbavg[p / NB_PAGES];
+                *a = *a == 0 ? d : *a + (d - *a) / 8;
+                overall = overall == 0 ? d : overall + (d - overall) / 1024;
+                double q = overall / *a;
+                level[p] = q > 1.5 ? 3 : q > 1.2 ? 2 : q > 1 ? 1 : 0;
+            }
         }
         while (act.size >= active_max) {
             int32_t v = pop_oldest(&act);
@@ -185,7 +242,7 @@ static struct result replay(enum policy pol, uint32_t npages, long budget, int i
                 push(&act, v);
                 continue;
             }
-            if ((pol == REFAULT || pol == INACTIVE) && credit[v] > 0) {
+            if ((pol == REFAULT || pol == NBAVG || pol == INACTIVE) && credit[v] > 0) {
                 credit[v]--;
                 push(&act, v);
                 continue;
@@ -214,27 +271,33 @@ static struct result replay(enum policy pol, uint32_t npages, long budget, int i
     free(level);
     free(credit);
     free(shadow);
+    free(nbavg);
     return res;
 }
 
 int main(int argc, char **argv) {
     uint64_t mib;
+    int dict = argc > 1 && strcmp(argv[1], "dictgrow") == 0;
+    if (argc > 1 && (dict || strcmp(argv[1], "kvs") == 0)) {
+        argv++;
+        argc--;
+    }
     if (argc < 3 || parse_u64(argv[1], 1, 1 << 16, &mib) != 0)
-        die("usage: policy_sim MIB BUDGET_PAGES [BUDGET_PAGES...]");
-    uint32_t npages = make_trace(mib);
+        die("usage: policy_sim [kvs|dictgrow] MIB BUDGET_PAGES [BUDGET_PAGES...]");
+    uint32_t npages = dict ? make_dict_trace(mib) : make_trace(mib);
     prv = malloc(npages * sizeof *prv);
     nxt = malloc(npages * sizeof *nxt);
     if (prv == NULL || nxt == NULL)
         die("out of memory");
-    printf("kvs %llu MiB: %zu page accesses (repeats of one page merged) over %u pages\n",
-           (unsigned long long)mib, ntrace, npages);
+    printf("%s %llu MiB: %zu page accesses (repeats of one page merged) over %u pages\n",
+           dict ? "dictgrow" : "kvs", (unsigned long long)mib, ntrace, npages);
     for (int a = 2; a < argc; a++) {
         uint64_t budget;
         if (parse_u64(argv[a], 16, npages, &budget) != 0)
             die("budget %s: 16 to %u pages", argv[a], npages);
         printf("budget %llu pages: page-ins", (unsigned long long)budget);
-        const char *names[] = {"lru", "clock", "fifo", "refault"};
-        for (int p = LRU; p <= REFAULT; p++)
+        const char *names[] = {"lru", "clock", "fifo", "refault", "nbavg"};
+        for (int p = LRU; p <= NBAVG; p++)
             printf("  %s %ld", names[p], replay(p, npages, (long)budget, 0).pageins);
         printf("\n");
         for (int pct = 10; pct <= 30; pct += 10) {
