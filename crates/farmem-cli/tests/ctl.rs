@@ -21,24 +21,27 @@ fn stats(pid: &str) -> serde_json::Value {
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
+/// `farmem run` of a program holding 48 MiB under a 64 MiB budget, compressed in process.
+fn holding_48m(program: &std::path::Path) -> Command {
+    let mut c = Command::new(farmem_bin());
+    c.args([
+        "run",
+        "--local-mem",
+        "64M",
+        "--backend",
+        "local+lz4://",
+        "--",
+    ])
+    .arg(program)
+    .arg("48");
+    c
+}
+
 #[test]
 fn a_running_program_is_shrunk_and_grown_from_outside_and_keeps_its_data() {
     let scratch = Scratch::new("ctl");
     let hold = compile("hold", &scratch);
-    let (run, pid) = start_until_filled(
-        Command::new(farmem_bin())
-            .args([
-                "run",
-                "--local-mem",
-                "64M",
-                "--backend",
-                "local+lz4://",
-                "--",
-            ])
-            .arg(&hold)
-            .arg("48")
-            .stderr(Stdio::piped()),
-    );
+    let (run, pid) = start_until_filled(holding_48m(&hold).stderr(Stdio::piped()));
     let pid = pid.to_string();
     let s = stats(&pid);
     assert_eq!(s["budget_bytes"], 64u64 << 20);
@@ -162,17 +165,7 @@ fn a_forked_child_is_watched_and_resized_through_its_own_socket() {
     use std::io::{BufRead, BufReader};
     let scratch = Scratch::new("ctl-fork");
     let hold = compile("hold_fork", &scratch);
-    let mut run = Command::new(farmem_bin())
-        .args([
-            "run",
-            "--local-mem",
-            "64M",
-            "--backend",
-            "local+lz4://",
-            "--",
-        ])
-        .arg(&hold)
-        .arg("48")
+    let mut run = holding_48m(&hold)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
