@@ -20,6 +20,7 @@ use crate::fault::FaultServer;
 use crate::fetch::readahead;
 use crate::reclaim;
 use crate::state::State;
+use crate::stats::add;
 use crate::{demotion, gate, process_budget};
 
 /// The control thread's loop.
@@ -29,10 +30,12 @@ pub(crate) fn run(st: Arc<State>) {
     let tick = Duration::from_micros(st.cfg.steal_after_us.clamp(100, 10_000));
     let mut stealer = FaultServer::new();
     let mut pool = FreePool::default();
+    let mut tidied_ns = 0;
     let mut faults_seen = 0;
     while !st.shutdown.load(Ordering::Acquire) {
         release_unused(&st);
         pool.adapt(&st);
+        tidy(&st, &mut tidied_ns);
         if round(&st, &mut stealer, steal_after) {
             continue;
         }
@@ -114,6 +117,25 @@ fn release_unused(st: &State) {
     if now.saturating_sub(st.release_called_ns.load(Ordering::Relaxed)) >= every {
         st.release_called_ns.store(now, Ordering::Relaxed);
         release(short);
+    }
+}
+
+/// How often the control thread lets the backend tidy its memory (`Backend::tidy`: the
+/// in-process store's compaction, a look at two counters when there is nothing to do).
+const TIDY_NS: u64 = 50_000_000;
+
+/// Let the backend tidy its memory if it is time (inside the fork gate: a fork must not
+/// find blocks half moved).
+fn tidy(st: &State, last_ns: &mut u64) {
+    let now = st.now_ns();
+    if now.saturating_sub(*last_ns) < TIDY_NS {
+        return;
+    }
+    *last_ns = now;
+    let _pass = gate::enter();
+    let moved = st.backend.tidy();
+    if moved > 0 {
+        add(&st.stats.c.blocks_compacted, moved as u64);
     }
 }
 

@@ -90,6 +90,7 @@ counters! {
     pages_evicted: "Pages unmapped by reclaim.",
     pages_written_back: "Dirty pages written to the backend.",
     clean_drops: "Pages dropped without I/O (clean, or never written).",
+    blocks_compacted: "Blocks of the in-process store moved out of sparse chunks so that those could be given back (compaction).",
     unmap_syscalls: "Syscalls made to unmap evicted pages.",
     direct_reclaims: "Reclaim batches run by a faulting thread because no budget was free.",
     backend_full: "Write-backs refused by a full far tier (pages kept local).",

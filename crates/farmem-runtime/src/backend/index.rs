@@ -120,6 +120,20 @@ impl<V: Copy + Default> PageIndex<V> {
         self.shard(k).remove(k)
     }
 
+    /// Call `f` on every value, with its shard locked (`f` may change it).
+    pub(crate) fn for_each_mut(&self, mut f: impl FnMut(&mut V)) {
+        for s in &self.shards {
+            let mut s = s.lock();
+            for c in s.chunks.values_mut() {
+                let mut bits = c.present;
+                while bits != 0 {
+                    f(&mut c.vals[bits.trailing_zeros() as usize]);
+                    bits &= bits - 1;
+                }
+            }
+        }
+    }
+
     /// Remove every page of `region`; their values.
     pub(crate) fn remove_region(&self, region: u32) -> Vec<V> {
         let mut out = Vec::new();

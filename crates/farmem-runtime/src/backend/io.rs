@@ -406,6 +406,12 @@ pub trait Backend: Send + Sync {
         None
     }
 
+    /// Tidy the backend's memory if it is worth it now (the in-process stores' compaction);
+    /// called by the control thread between rounds of work. Returns the blocks moved.
+    fn tidy(&self) -> usize {
+        0
+    }
+
     /// Reads this backend has made from a disk so far.
     fn disk_reads(&self) -> u64 {
         0

@@ -118,6 +118,35 @@ impl LocalBackend {
         }
     }
 
+    /// Compaction: when the store holds well beyond its live blocks
+    /// ([`Slabs::worth_compacting`]), move the blocks of its sparse chunks into fuller ones
+    /// and give the emptied chunks back (zsmalloc's compaction, for zram). Each block moves
+    /// under its index shard's lock, as readers read it. Not in a process that forked or was
+    /// forked: its blocks may be shared with the other side, and moving them would copy them.
+    /// Returns the blocks moved.
+    pub(crate) fn compact(&self) -> usize {
+        if self.gen.load(Ordering::Relaxed) != 0 || !self.slabs.worth_compacting() {
+            return 0;
+        }
+        let draining = self.slabs.start_draining();
+        if draining.is_empty() {
+            return 0;
+        }
+        let mut moved = 0;
+        self.index.for_each_mut(|v| {
+            if self.slabs.is_draining(v.slot, &draining) {
+                // SAFETY: the entry's shard is locked: no one reads, writes or frees its slot
+                // meanwhile (every use of a stored slot holds that lock or owns the entry).
+                if let Some(n) = unsafe { self.slabs.relocate(v.slot) } {
+                    v.slot = n;
+                    moved += 1;
+                }
+            }
+        });
+        self.slabs.stop_draining(&draining);
+        moved
+    }
+
     /// After a fork, in the parent and in the child: what was stored so far is the other
     /// side's too.
     pub(crate) fn after_fork(&self) {
@@ -467,6 +496,10 @@ impl Backend for LocalBackend {
         true
     }
 
+    fn tidy(&self) -> usize {
+        self.compact()
+    }
+
     fn store_range(&self) -> Option<(usize, usize)> {
         Some(self.slabs.range())
     }
@@ -514,6 +547,97 @@ impl Backend for LocalBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A page's contents: a random prefix of 200 to 2,000 bytes, then one repeated byte, so
+    /// that pages compress to blocks of many size classes.
+    fn varied_page(i: u64, salt: u64) -> Vec<u8> {
+        let mut v = vec![(i % 251) as u8; PAGE_SIZE];
+        let mut x = (i ^ salt.rotate_left(32)).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        for b in v.iter_mut().take(200 + (i % 7) as usize * 300) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        v
+    }
+
+    /// Compaction moves blocks out of sparse chunks while other threads read and store
+    /// pages: the store holds less afterwards, and every page reads back as it was stored.
+    #[test]
+    fn compaction_gives_memory_back_and_keeps_every_page() {
+        let b = LocalBackend::new(Some(Codec::Lz4), 256 << 20).unwrap();
+        let key = |p: u64| PageKey { region: 1, page: p };
+        const N: u64 = 40_000;
+        for start in (0..N).step_by(1000) {
+            let keys: Vec<PageKey> = (start..start + 1000).map(key).collect();
+            let pages: Vec<Vec<u8>> = (start..start + 1000).map(|i| varied_page(i, 1)).collect();
+            let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
+            b.store_all(&keys, &refs).unwrap();
+        }
+        // Three pages in four fetched back at random: holes in every chunk.
+        let kept = |i: u64| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60).is_multiple_of(4);
+        for i in (0..N).filter(|&i| !kept(i)) {
+            assert!(b.take(key(i)));
+        }
+        let held = b.slabs.held_bytes();
+        assert!(
+            b.slabs.worth_compacting(),
+            "held {held} for {}",
+            b.slabs.slot_bytes()
+        );
+        let check = |i: u64, salt: u64| {
+            let mut out = vec![0u8; PAGE_SIZE];
+            assert!(
+                b.try_read_into(key(i), &mut out).unwrap(),
+                "page {i} is stored"
+            );
+            assert!(out == varied_page(i, salt), "page {i} reads back as stored");
+        };
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let moved = std::thread::scope(|s| {
+            let readers: Vec<_> = (0..2)
+                .map(|t| {
+                    let (stop, check) = (&stop, &check);
+                    s.spawn(move || {
+                        let mut rounds = 0;
+                        while !stop.load(Ordering::Relaxed) || rounds == 0 {
+                            for i in (t..N).step_by(2).filter(|&i| kept(i)) {
+                                check(i, 1);
+                            }
+                            rounds += 1;
+                        }
+                    })
+                })
+                .collect();
+            let writer = s.spawn(|| {
+                // New pages stored meanwhile take slots of the same classes.
+                for i in N..N + 4000 {
+                    let p = varied_page(i, 2);
+                    b.store_all(&[key(i)], &[p.as_slice()]).unwrap();
+                }
+            });
+            let moved = b.compact();
+            writer.join().unwrap();
+            stop.store(true, Ordering::Relaxed);
+            for r in readers {
+                r.join().unwrap();
+            }
+            moved
+        });
+        assert!(moved > 0, "blocks were moved");
+        assert!(
+            b.slabs.held_bytes() + (4 << 20) < held,
+            "memory went back: {held} held before, {} after",
+            b.slabs.held_bytes()
+        );
+        for i in (0..N).filter(|&i| kept(i)) {
+            check(i, 1);
+        }
+        for i in N..N + 4000 {
+            check(i, 2);
+        }
+    }
 
     fn roundtrip(codec: Option<Codec>) {
         let b = LocalBackend::new(codec, 64 << 20).unwrap();

@@ -169,6 +169,10 @@ impl Backend for TieredBackend {
         self.file.fork_prepare();
     }
 
+    fn tidy(&self) -> usize {
+        self.dram.compact()
+    }
+
     fn store_range(&self) -> Option<(usize, usize)> {
         self.dram.store_range()
     }
