@@ -323,7 +323,7 @@ impl Slabs {
         slack > COMPACT_MIN && slack > held / 8
     }
 
-    /// Start compaction: every chunk at most half live (but a class's only partial one) is
+    /// Start compaction: every chunk at most half live, in classes of two chunks or more, is
     /// set draining: no new slot goes there. Returns them, for [`Slabs::relocate`] and
     /// [`Slabs::stop_draining`].
     pub(crate) fn start_draining(&self) -> std::collections::HashSet<u32> {
