@@ -90,7 +90,6 @@ counters! {
     pages_evicted: "Pages unmapped by reclaim.",
     pages_written_back: "Dirty pages written to the backend.",
     clean_drops: "Pages dropped without I/O (clean, or never written).",
-    blocks_compacted: "Blocks of the in-process store moved out of sparse chunks so that those could be given back (compaction).",
     unmap_syscalls: "Syscalls made to unmap evicted pages.",
     direct_reclaims: "Reclaim batches run by a faulting thread because no budget was free.",
     backend_full: "Write-backs refused by a full far tier (pages kept local).",
@@ -115,6 +114,7 @@ counters! {
     protect_handoffs: "Evictions whose write-protects the fault thread made on the program's CPU for the control thread.",
     protect_handoffs_withdrawn: "Of those offered, the ones the fault thread did not take in time (the control thread made them).",
     neighbour_reads: "Next pages read with an unpredicted fault because, on sample faults, the next page faulted soon after (objects straddling pages).",
+    blocks_compacted: "Blocks of the in-process store moved out of sparse chunks so that those could be given back (compaction).",
 }
 
 pub(crate) struct Stats {
