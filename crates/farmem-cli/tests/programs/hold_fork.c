@@ -1,6 +1,7 @@
 /* Fill N MiB of heap with a pattern, fork, and in both processes check it over and over, a
- * millisecond apart, until killed (exit 1 and "BAD" on a mismatch). The parent prints
- * "forked CHILD_PID" once both run; the child goes when its parent does. Usage:
+ * millisecond apart, until killed (exit 1 and "BAD" on a mismatch). The child prints
+ * "forked CHILD_PID" once fork() has returned in it (after the fork handlers, which give it
+ * its own control socket under farmem run); it goes when its parent does. Usage:
  * hold_fork MIB */
 #include <signal.h>
 #include <stdint.h>
@@ -23,8 +24,7 @@ int main(int argc, char **argv) {
         return 2;
     if (child == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
-    } else {
-        printf("forked %d\n", (int)child);
+        printf("forked %d\n", (int)getpid());
         fflush(stdout);
     }
     for (;;) {
