@@ -334,17 +334,11 @@ impl Slabs {
             if c.chunks.len() < 2 {
                 continue;
             }
-            let sparse: Vec<u32> = c
-                .chunks
-                .iter()
-                .filter(|(_, u)| u.live * 2 <= per_chunk)
-                .map(|(&ch, _)| ch)
-                .collect();
-            for ch in sparse {
-                if let Some(u) = c.chunks.get_mut(&ch) {
+            for (&ch, u) in c.chunks.iter_mut() {
+                if u.live * 2 <= per_chunk {
                     u.draining = true;
+                    out.insert(ch);
                 }
-                out.insert(ch);
             }
             c.partial.retain(|ch| !out.contains(ch));
         }
@@ -398,9 +392,7 @@ impl Slabs {
                 }
             }
             // Before the class's current chunk: new slots keep going to the fuller one.
-            for ch in back {
-                c.partial.insert(0, ch);
-            }
+            c.partial.splice(0..0, back);
         }
     }
 
