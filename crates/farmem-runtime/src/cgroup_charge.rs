@@ -7,12 +7,18 @@
 //! members can only estimate. Linux swap's cgroup counts all of it, so a budget that does not
 //! leaves more memory local than the same limit does under Linux: memcached at half its peak
 //! used 546 MiB where zram used 527 (3 MiB of page tables, a client, the runtime's memory).
-//! The cgroup's count less its clean page cache and less the far tiers' memory in the members
-//! (not charged, as zram's is not) is the tree's charge, exact and at once. Dirty file pages
-//! count: a limit reclaims clean cache at once, but a file being written (sqlite's sort
-//! spilling to a temporary file, 32 MiB of it dirty at a 63 MiB budget) holds its memory
-//! until written back, and under Linux's limit that memory is taken from the program's own;
-//! uncounted, it put sqlite's peak at 155-159 MiB where zram's was 140.
+//! The cgroup's count less its cold page cache and less the far tiers' memory in the
+//! members (not charged, as zram's is not) is the tree's charge, exact and at once.
+//!
+//! Which page cache is cold: clean pages not used again since they came in (the kernel's
+//! inactive file list), what a limit reclaims first. `farmem run` reclaims them once the
+//! tree is over its budget (`cache_trim.rs`). Dirty file pages count: a file being written
+//! (sqlite's sort spilling to a temporary file, 32 MiB of it dirty at a 63 MiB budget) holds
+//! its memory until written back, and under Linux's limit that memory is taken from the
+//! program's own; uncounted, it put sqlite's peak at 155-159 MiB where zram's was 140. So do
+//! clean pages in use again (that temporary file read back): with them uncounted, the
+//! program's own memory grew into their room while they stayed, and sqlite peaked 6-8 MiB
+//! higher.
 
 use std::fs::File;
 use std::io;
@@ -21,13 +27,44 @@ use std::path::Path;
 
 use farmem_sys::mem::PAGE_SIZE;
 
-/// The cgroup's counters, open.
+/// The cgroup's counters, open, read by a member of the tree.
 pub struct CgroupCharge {
+    counters: Counters,
+}
+
+/// A cgroup's memory counters, open (by a member, or by `farmem run` watching its tree).
+pub struct Counters {
     /// `memory.usage_in_bytes` (v1) or `memory.current` (v2): everything charged.
     usage: File,
     /// `memory.stat`, for the page cache and its dirty part.
     stat: File,
     keys: &'static StatKeys,
+}
+
+/// What a cgroup is charged, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Everything charged.
+    pub usage: u64,
+    /// Its page cache, dirty or clean.
+    pub cache: u64,
+    /// Of the page cache, dirty or being written back.
+    pub dirty: u64,
+    /// Of the page cache, on the inactive list (not used again since it came in).
+    pub inactive: u64,
+}
+
+impl Counts {
+    /// Page cache that is clean (reclaimable at once).
+    pub fn clean(&self) -> u64 {
+        self.cache.saturating_sub(self.dirty)
+    }
+
+    /// Page cache that a limit would reclaim first: clean and not used again since it came
+    /// in (at most; the kernel does not say which inactive pages are the dirty ones).
+    pub fn cold(&self) -> u64 {
+        self.clean().min(self.inactive)
+    }
 }
 
 /// The names of the page cache's counters in `memory.stat`.
@@ -37,43 +74,40 @@ struct StatKeys {
     writeback: &'static str,
 }
 
-const V1_KEYS: StatKeys = StatKeys {
+static V1_KEYS: StatKeys = StatKeys {
     cache: "cache",
     dirty: "dirty",
     writeback: "writeback",
 };
-const V2_KEYS: StatKeys = StatKeys {
+static V2_KEYS: StatKeys = StatKeys {
     cache: "file",
     dirty: "file_dirty",
     writeback: "file_writeback",
 };
+/// The same name in both.
+const INACTIVE_KEY: &str = "inactive_file";
 
-impl CgroupCharge {
-    /// Open the counters of the cgroup at `dir`, which must hold this process: a cgroup the
-    /// process is not in would count others' memory (or none) as the tree's.
-    pub fn open(dir: &Path) -> io::Result<CgroupCharge> {
+impl Counters {
+    /// Open the counters of the cgroup at `dir` (v1 or v2).
+    pub fn open(dir: &Path) -> io::Result<Counters> {
         let (usage, keys) = match File::open(dir.join("memory.usage_in_bytes")) {
             Ok(f) => (f, &V1_KEYS),
             Err(_) => (File::open(dir.join("memory.current"))?, &V2_KEYS),
         };
         let stat = File::open(dir.join("memory.stat"))?;
-        let me = std::process::id().to_string();
-        let procs = std::fs::read_to_string(dir.join("cgroup.procs"))?;
-        if !procs.lines().any(|l| l.trim() == me) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("this process ({me}) is not in the cgroup"),
-            ));
-        }
-        let c = CgroupCharge { usage, stat, keys };
-        c.pages()
+        let c = Counters { usage, stat, keys };
+        c.read()
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unreadable counters"))?;
         Ok(c)
     }
 
-    /// Pages charged to the cgroup less its clean page cache (what a budget of anonymous
-    /// memory and dirty file pages compares with): ~10 µs, two reads.
-    pub fn pages(&self) -> Option<usize> {
+    /// A cgroup v1 (`memory.usage_in_bytes`), not v2.
+    pub fn is_v1(&self) -> bool {
+        std::ptr::eq(self.keys, &V1_KEYS)
+    }
+
+    /// The counters now: ~10 µs, two reads.
+    pub fn read(&self) -> Option<Counts> {
         let usage: u64 = read_at_start(&self.usage)?.trim().parse().ok()?;
         let stat = read_at_start(&self.stat)?;
         let field = |key: &str| -> Option<u64> {
@@ -85,8 +119,39 @@ impl CgroupCharge {
         let cache = field(self.keys.cache)?;
         // A kernel without the dirty counters: all of the cache is taken as clean.
         let dirty = field(self.keys.dirty).unwrap_or(0) + field(self.keys.writeback).unwrap_or(0);
-        let clean = cache.saturating_sub(dirty);
-        Some((usage.saturating_sub(clean) / PAGE_SIZE as u64) as usize)
+        // A kernel without it: all of the cache is taken as inactive.
+        let inactive = field(INACTIVE_KEY).unwrap_or(cache);
+        Some(Counts {
+            usage,
+            cache,
+            dirty: dirty.min(cache),
+            inactive: inactive.min(cache),
+        })
+    }
+}
+
+impl CgroupCharge {
+    /// Open the counters of the cgroup at `dir`, which must hold this process: a cgroup the
+    /// process is not in would count others' memory (or none) as the tree's.
+    pub fn open(dir: &Path) -> io::Result<CgroupCharge> {
+        let me = std::process::id().to_string();
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs"))?;
+        if !procs.lines().any(|l| l.trim() == me) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("this process ({me}) is not in the cgroup"),
+            ));
+        }
+        Ok(CgroupCharge {
+            counters: Counters::open(dir)?,
+        })
+    }
+
+    /// Pages charged to the cgroup less its cold page cache (what a budget of anonymous
+    /// memory and of file pages in use compares with): ~10 µs, two reads.
+    pub fn pages(&self) -> Option<usize> {
+        let c = self.counters.read()?;
+        Some((c.usage.saturating_sub(c.cold()) / PAGE_SIZE as u64) as usize)
     }
 }
 
@@ -135,6 +200,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.pages(), Some((104857600 - 28672) / PAGE_SIZE));
+        // Clean pages in use again (on the active list) count too: 8 KiB of the clean
+        // 28 are inactive.
+        std::fs::write(
+            d.join("memory.stat"),
+            "cache 40960\nrss 104816640\ndirty 8192\nwriteback 4096\ninactive_file 8192\n",
+        )
+        .unwrap();
+        assert_eq!(c.pages(), Some((104857600 - 8192) / PAGE_SIZE));
         // v2's names.
         std::fs::remove_file(d.join("memory.usage_in_bytes")).unwrap();
         std::fs::write(d.join("memory.current"), "16384\n").unwrap();

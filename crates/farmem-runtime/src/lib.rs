@@ -20,6 +20,7 @@
 
 // The public surface.
 pub mod backend;
+pub mod cache_trim;
 pub mod cgroup_charge;
 pub mod config;
 pub mod ctl;

@@ -176,6 +176,26 @@ impl TreeFile {
         self.header().budget.store(pages as u64, Ordering::Release);
     }
 
+    /// The slots of live members: taken and refreshed within [`STALE_NS`] of `now`.
+    fn live_slots(&self, now: u64) -> impl Iterator<Item = (usize, &Slot)> {
+        let used = (self.header().used.load(Ordering::Acquire) as usize).min(SLOTS);
+        (0..used).map(|j| (j, self.slot(j))).filter(move |(_, s)| {
+            s.pid.load(Ordering::Acquire) != 0
+                && now.saturating_sub(s.updated_ns.load(Ordering::Acquire)) <= STALE_NS
+        })
+    }
+
+    /// The tree's budget (0: none set yet) and the far tiers' pages its live members hold,
+    /// for an observer that is not a member (`farmem run`'s page cache trim).
+    pub fn budget_and_far(&self) -> (usize, usize) {
+        let budget = self.header().budget.load(Ordering::Acquire) as usize;
+        let far = self
+            .live_slots(monotonic_ns())
+            .map(|(_, s)| s.far.load(Ordering::Acquire) as usize)
+            .sum();
+        (budget, far)
+    }
+
     /// Take a slot for `pid`: its own if it has one (a program executed by a member), else a
     /// free or stale one. None when the file is full.
     fn claim(&self, pid: u32, now: u64) -> Option<usize> {
@@ -412,16 +432,12 @@ impl Membership {
 
     /// The other live members' views, and the far tiers' pages in them.
     fn others(&self, mine: usize, now: u64) -> (Vec<Member>, usize) {
-        let used = (self.file.header().used.load(Ordering::Acquire) as usize).min(SLOTS);
         let mut far = 0;
-        let members = (0..used)
-            .filter(|&j| j != mine)
-            .map(|j| self.file.slot(j))
-            .filter(|s| {
-                s.pid.load(Ordering::Acquire) != 0
-                    && now.saturating_sub(s.updated_ns.load(Ordering::Acquire)) <= STALE_NS
-            })
-            .map(|s| {
+        let members = self
+            .file
+            .live_slots(now)
+            .filter(|&(j, _)| j != mine)
+            .map(|(_, s)| {
                 far += s.far.load(Ordering::Acquire) as usize;
                 Member {
                     charged: s.charged.load(Ordering::Acquire) as usize,

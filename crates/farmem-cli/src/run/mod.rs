@@ -30,8 +30,10 @@ use clap::Parser;
                   limit does: each process takes a share (--fork-local-mem gives forked \
                   children budgets of their own instead). As root the program also runs in \
                   a memory cgroup of its own, with no limit, and the budget covers what \
-                  that cgroup is charged (page tables, processes farmem does not run, files written \
-                  and not yet written back). A forked child keeps its far \
+                  that cgroup is charged (page tables, processes farmem does not run, file pages \
+                  not yet written back or in use again), and farmem run reclaims the \
+                  cgroup's page cache beyond the budget, as the limit would \
+                  (FARMEM_TRIM_CACHE=0: not). A forked child keeps its far \
                   pages far (with a tcp:// backend its memory is brought back local)."
 )]
 pub struct Args {
@@ -212,6 +214,28 @@ pub struct Prepared {
     pub local: Option<u64>,
     /// The tree's memory cgroup, removed when dropped: keep it until the program ends.
     pub cgroup: Option<cgroup::TreeCgroup>,
+    /// The tree's budget file, when its processes share one.
+    pub tree: Option<PathBuf>,
+}
+
+impl Prepared {
+    /// Keep the tree's page cache within its budget while the program runs (farmem-runtime's
+    /// `cache_trim`), where it has a cgroup and `FARMEM_TRIM_CACHE` is not `0`.
+    pub fn start_trim(&self) -> Option<farmem_runtime::cache_trim::Trimming> {
+        if std::env::var_os("FARMEM_TRIM_CACHE").is_some_and(|v| v == "0") {
+            return None;
+        }
+        let (cg, tree) = (self.cgroup.as_ref()?, self.tree.as_ref()?);
+        let started = farmem_runtime::cache_trim::CacheTrim::open(cg.dir(), tree)
+            .and_then(farmem_runtime::cache_trim::Trimming::start);
+        match started {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::warn!("the program's page cache will not be kept within its budget: {e}");
+                None
+            }
+        }
+    }
 }
 
 pub fn prepare(a: &Options, program: &[OsString], stats_dir: &Path) -> Result<Prepared> {
@@ -226,6 +250,7 @@ pub fn prepare(a: &Options, program: &[OsString], stats_dir: &Path) -> Result<Pr
     let mut cmd = Command::new(&program[0]);
     cmd.args(&program[1..]);
     let mut cgroup = None;
+    let mut tree_file = None;
     let preload = match std::env::var_os("LD_PRELOAD") {
         Some(old) if !old.is_empty() => {
             let mut v = lib.clone().into_os_string();
@@ -257,6 +282,7 @@ pub fn prepare(a: &Options, program: &[OsString], stats_dir: &Path) -> Result<Pr
         farmem_runtime::tree_budget::create(&tree, pages)
             .with_context(|| format!("creating {}", tree.display()))?;
         cmd.env("FARMEM_TREE", &tree);
+        tree_file = Some(tree);
         // And what the tree's cgroup is charged, where one can be made (a FARMEM_CGROUP
         // given to farmem run is the user's choice: empty for none).
         if std::env::var_os("FARMEM_CGROUP").is_none() {
@@ -277,19 +303,20 @@ pub fn prepare(a: &Options, program: &[OsString], stats_dir: &Path) -> Result<Pr
     // The config the program will see must be valid: check it here, with this process's
     // view of the same variables, so a bad value is reported before anything runs.
     check_config(local, &backend)?;
-    Ok(Prepared { cmd, local, cgroup })
+    Ok(Prepared {
+        cmd,
+        local,
+        cgroup,
+        tree: tree_file,
+    })
 }
 
 pub fn run(a: Args) -> Result<()> {
     let stats_dir = tempdir()?;
-    let Prepared {
-        mut cmd,
-        local,
-        cgroup,
-    } = prepare(&a.opts, &a.cmd, &stats_dir)?;
+    let mut prepared = prepare(&a.opts, &a.cmd, &stats_dir)?;
     let forward = signals::Forwarder::install()?;
     let t0 = Instant::now();
-    let child = match cmd.spawn() {
+    let child = match prepared.cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
             // As a shell does: 127 for a program that is not there, 126 for one that cannot
@@ -305,17 +332,20 @@ pub fn run(a: Args) -> Result<()> {
     };
     let pid = child.id() as i32;
     forward.set_child(pid);
+    let trim = prepared.start_trim();
     let (status, ru) = wait_with_rusage(pid)?;
     forward.set_child(0);
     let wall = t0.elapsed();
-    drop(cgroup);
+    let trimmed = trim.map(|t| t.totals());
+    drop(prepared.cgroup);
 
     let ended = Ended {
         pid,
         status,
         wall,
         rusage: ru,
-        local,
+        local: prepared.local,
+        trimmed,
     };
     let stats = write_stats(&a.opts, &stats_dir, &ended);
     let _ = std::fs::remove_dir_all(&stats_dir);
@@ -331,6 +361,8 @@ pub struct Ended {
     pub wall: std::time::Duration,
     pub rusage: libc::rusage,
     pub local: Option<u64>,
+    /// Reclaims of the tree's page cache and the bytes they took (`cache_trim`).
+    pub trimmed: Option<(u64, u64)>,
 }
 
 /// The statistics `--stats` and `--stats-json` ask for, from what the program's processes
@@ -339,7 +371,8 @@ pub fn write_stats(a: &Options, stats_dir: &Path, e: &Ended) -> Result<()> {
     if !a.stats && a.stats_json.is_none() {
         return Ok(());
     }
-    let rep = report::Report::collect(stats_dir, e.pid, e.status, e.wall, &e.rusage, e.local);
+    let mut rep = report::Report::collect(stats_dir, e.pid, e.status, e.wall, &e.rusage, e.local);
+    rep.trimmed = e.trimmed;
     if a.stats {
         eprint!("{}", rep.human());
     }

@@ -24,6 +24,8 @@ pub struct Report {
     others: BTreeMap<String, u64>,
     n_others: usize,
     backend: String,
+    /// Reclaims of the tree's page cache and the bytes they took (`cache_trim`).
+    pub trimmed: Option<(u64, u64)>,
 }
 
 fn stat(m: &Map<String, Value>, k: &str) -> u64 {
@@ -54,6 +56,7 @@ impl Report {
             others: BTreeMap::new(),
             n_others: 0,
             backend: String::new(),
+            trimmed: None,
         };
         let Ok(entries) = std::fs::read_dir(dir) else {
             return r;
@@ -176,6 +179,13 @@ impl Report {
                 mib(stat(m, "tree_uncounted_bytes"))
             );
         }
+        if let Some((n, bytes)) = self.trimmed.filter(|t| t.0 > 0) {
+            let _ = writeln!(
+                o,
+                "  page cache reclaimed   {:>10.1} MiB in {n} rounds (the tree's files beyond its budget)",
+                mib(bytes)
+            );
+        }
         let far = pages("far_pages");
         if far > 0 {
             let (stored, held) = (pages("backend_bytes"), pages("far_held_bytes"));
@@ -267,6 +277,8 @@ impl Report {
             "stats_pid": self.stand_in.unwrap_or(self.pid),
             "other_processes": self.n_others,
             "other_stats": self.others,
+            "page_cache_trims": self.trimmed.map(|t| t.0),
+            "page_cache_trimmed_bytes": self.trimmed.map(|t| t.1),
         });
         serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"
     }

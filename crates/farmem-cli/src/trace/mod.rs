@@ -110,10 +110,14 @@ pub fn run(a: Args) -> Result<()> {
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let work = run::tempdir()?;
     let prepared = run::prepare(&a.opts, &a.cmd, &work)?;
-    let prepared_local = prepared.local;
-    // Kept until the program has ended (removed on drop).
-    let _cgroup = prepared.cgroup;
-    let mut cmd = prepared.cmd;
+    // Both kept until the program has ended (the cgroup is removed on drop).
+    let _trim = prepared.start_trim();
+    let run::Prepared {
+        mut cmd,
+        local: prepared_local,
+        cgroup: _cgroup,
+        ..
+    } = prepared;
     cmd.env("FARMEM_TRACE_DIR", &work);
 
     // The child tells its pid, then waits until the sampler is attached: the event must
@@ -248,6 +252,7 @@ fn finish(
         wall,
         rusage,
         local,
+        trimmed: None,
     };
     let stats = run::write_stats(&a.opts, work, &ended);
     let _ = std::fs::remove_dir_all(work);
