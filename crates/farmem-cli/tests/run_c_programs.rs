@@ -605,24 +605,11 @@ fn memory_of_processes_farmem_does_not_run_is_within_the_budget() {
 /// (its pages are shared memory, never dirty) or no cgroup can be made.
 #[test]
 fn dirty_file_pages_are_within_the_budget() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: making the tree's cgroup needs root");
+    let Some(file) = file_on_disk("dirty") else {
         return;
-    }
+    };
     let dir = Scratch::new("dirty");
     let fill = compile("fill", &dir);
-    let file = std::path::PathBuf::from("/var/tmp")
-        .join(format!("farmem-dirty-test-{}", std::process::id()));
-    // SAFETY: statfs fills the struct for a NUL-terminated path.
-    let on_tmpfs = unsafe {
-        let mut st: libc::statfs = std::mem::zeroed();
-        libc::statfs(c"/var/tmp".as_ptr(), &mut st) == 0 && st.f_type == libc::TMPFS_MAGIC
-    };
-    if on_tmpfs {
-        eprintln!("skipped: /var/tmp is a tmpfs");
-        return;
-    }
     let script = format!(
         "dd if=/dev/zero of={f} bs=1M count=32 2>/dev/null && {fill} 96; R=$?; rm -f {f}; exit $R",
         f = file.display(),
@@ -654,16 +641,11 @@ fn dirty_file_pages_are_within_the_budget() {
 /// with the trim off it stays. The file and the heap are then read back and checked.
 #[test]
 fn page_cache_beyond_the_budget_is_written_back_and_dropped() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: making the tree's cgroup needs root");
+    let Some(file) = file_on_disk("page-cache") else {
         return;
-    }
+    };
     let dir = Scratch::new("pagecache");
     let prog = compile("page_cache", &dir);
-    // Not a tmpfs: its pages cannot be written back.
-    let file = std::path::PathBuf::from("/var/tmp")
-        .join(format!("farmem-page-cache-test-{}", std::process::id()));
     let run = |trim: &str, secs: &str| {
         let r = farmem_run_with(
             &dir,
@@ -699,6 +681,30 @@ fn page_cache_beyond_the_budget_is_written_back_and_dropped() {
         "the page cache went without the trim\n{}",
         r.describe()
     );
+}
+
+/// A file for a page cache test in `/var/tmp`, or None (with the reason) where the test
+/// cannot run: not root (the tree's cgroup cannot be made) or `/var/tmp` is a tmpfs (its
+/// pages are shared memory, never dirty and never written back).
+fn file_on_disk(what: &str) -> Option<std::path::PathBuf> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: making the tree's cgroup needs root");
+        return None;
+    }
+    // SAFETY: statfs fills the struct for a NUL-terminated path.
+    let on_tmpfs = unsafe {
+        let mut st: libc::statfs = std::mem::zeroed();
+        libc::statfs(c"/var/tmp".as_ptr(), &mut st) == 0 && st.f_type == libc::TMPFS_MAGIC
+    };
+    if on_tmpfs {
+        eprintln!("skipped: /var/tmp is a tmpfs");
+        return None;
+    }
+    Some(
+        std::path::PathBuf::from("/var/tmp")
+            .join(format!("farmem-{what}-test-{}", std::process::id())),
+    )
 }
 
 /// `fill 96` at a 64 MiB budget beside 32 MiB that the tree's cgroup is charged (`beside`):
