@@ -16,7 +16,7 @@ use super::compressibility::Compressibility;
 use super::error::BackendError;
 use super::index::PageIndex;
 use super::io::{short_buffer, Backend, Completion, FarUsage, IoDone, PageBuf};
-use super::slabs::{Slabs, Slot, GRAIN};
+use super::slabs::{Slabs, Slot};
 
 /// Where a stored page is, and how to read it back.
 #[derive(Clone, Copy, Default)]
@@ -226,7 +226,7 @@ impl LocalBackend {
             let got = SCRATCH.with(|s| {
                 let mut s = s.borrow_mut();
                 let n = codec.compress(page, &mut s[..]);
-                let worth = n.is_some_and(|n| n.next_multiple_of(GRAIN) < PAGE_SIZE);
+                let worth = n.is_some_and(|n| Slabs::slot_size_for(n) < PAGE_SIZE);
                 self.guess.record(k, worth);
                 let n = n.filter(|_| worth)?;
                 let slot = self.slabs.alloc(n);

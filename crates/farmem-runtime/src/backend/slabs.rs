@@ -1,11 +1,12 @@
-//! Memory for the blocks of an in-process tier (compressed pages of 64 B to 4 KiB): slots of
-//! 64-byte size classes carved from 64 KiB chunks of one reserved address range.
+//! Memory for the blocks of an in-process tier (compressed pages of 32 B to 4 KiB): slots of
+//! size classes (16- to 64-byte steps) carved from 64 KiB chunks of one reserved address
+//! range.
 //!
 //! Why not the ordinary heap: a far tier that lives in the program's own process saves memory
 //! only if what it holds costs little more than its payload. glibc's allocator rounds each
 //! block up, keeps a header per block, spreads blocks over per-thread arenas and rarely gives
 //! freed memory back, so the heap grew by more than the pages the tier took in. Here a block
-//! wastes at most 63 bytes, a chunk goes back to the kernel as soon as its last block is freed
+//! wastes at most 63 bytes (15 where blocks are small), a chunk goes back to the kernel as soon as its last block is freed
 //! (beyond a small cache of empty chunks, which spares the kernel faults of reusing fresh
 //! memory), and what is held is counted exactly ([`Slabs::held_bytes`]).
 //!
@@ -22,10 +23,19 @@ use parking_lot::Mutex;
 
 use farmem_sys::mem::PAGE_SIZE;
 
-/// Size granularity of the classes.
-pub(crate) const GRAIN: usize = 64;
-const CLASSES: usize = PAGE_SIZE / GRAIN;
-/// Bytes per chunk: 16 pages of 4 KiB blocks, 1,024 of 64 B ones.
+/// The classes: 16-byte steps from 32 to 128 bytes, 32-byte steps to 256, 64-byte steps to
+/// a page. Blocks that small are pages that compress 16:1 or better, where a coarse step
+/// costs most: python3's multiprocessing data (pages of one repeated byte but for an
+/// object header) compresses to 60-90 bytes, which 64-byte steps stored in 128-byte slots.
+/// Each class more can cost a partly used chunk per process, so the steps stay coarse
+/// where blocks are larger.
+const SMALL: usize = 7; // 32..=128
+const MID: usize = 4; // 160..=256
+const CLASSES: usize = SMALL + MID + (PAGE_SIZE - 256) / 64;
+/// The most a block's slot exceeds it by.
+#[cfg(test)]
+const MAX_WASTE: usize = 63;
+/// Bytes per chunk: 16 pages of 4 KiB blocks, 2,048 of 32 B ones.
 const CHUNK: usize = 64 << 10;
 /// Empty chunks kept for reuse instead of being given back at once (each spares the kernel
 /// 16 page faults when a class next needs a chunk). Every process has its own: with 32
@@ -62,7 +72,13 @@ impl Slot {
 }
 
 fn class_size(class: usize) -> usize {
-    (class + 1) * GRAIN
+    if class < SMALL {
+        32 + 16 * class
+    } else if class < SMALL + MID {
+        128 + 32 * (class + 1 - SMALL)
+    } else {
+        256 + 64 * (class + 1 - SMALL - MID)
+    }
 }
 
 /// The chunks of one class that still have free slots, and each chunk's bookkeeping.
@@ -165,7 +181,18 @@ impl Slabs {
 
     /// The class of a block of `len` bytes (1..=4096).
     pub(crate) fn class_for(len: usize) -> usize {
-        len.max(1).div_ceil(GRAIN) - 1
+        if len <= 128 {
+            len.max(32).div_ceil(16) - 2
+        } else if len <= 256 {
+            SMALL + (len - 128).div_ceil(32) - 1
+        } else {
+            SMALL + MID + (len - 256).div_ceil(64) - 1
+        }
+    }
+
+    /// Bytes a block of `len` bytes (1..=4096) occupies.
+    pub(crate) fn slot_size_for(len: usize) -> usize {
+        class_size(Self::class_for(len))
     }
 
     /// A slot for `len` bytes (1..=4096), or `None` when the pool is at its cap.
@@ -480,13 +507,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_length_has_the_smallest_class_that_holds_it() {
+        assert_eq!(class_size(CLASSES - 1), PAGE_SIZE);
+        for c in 1..CLASSES {
+            assert!(class_size(c) > class_size(c - 1));
+        }
+        for len in 1..=PAGE_SIZE {
+            let c = Slabs::class_for(len);
+            assert!(class_size(c) >= len, "{len} in class {c}");
+            assert!(c == 0 || class_size(c - 1) < len, "{len} in class {c}");
+        }
+        // A slot's live count per page is a u8: no class may put 256 slots on a page.
+        assert!(PAGE_SIZE / class_size(0) < 256);
+    }
+
+    #[test]
     fn blocks_keep_their_contents_and_chunks_go_back_when_empty() {
         let s = Slabs::new(64 << 20).unwrap();
         let mut live = Vec::new();
         for i in 0..5000usize {
             let len = 1 + (i * 37) % 4096;
             let slot = s.alloc(len).unwrap();
-            assert!(slot.size() >= len && slot.size() < len + GRAIN);
+            assert!(slot.size() >= len && slot.size() <= (len + MAX_WASTE).max(32));
             let data: Vec<u8> = (0..len).map(|j| (i + j) as u8).collect();
             // SAFETY: the slot is ours and fits `data`.
             unsafe { s.fill(slot, &data) };
