@@ -510,9 +510,11 @@ fn static_arrays_keep_the_resident_set_within_the_budget() {
 /// `--local-mem 64M`, far pages in a file. The parent measures the tree's memory every 5 ms
 /// (the sum of `Pss_Anon`, which counts pages shared copy-on-write once) and every process
 /// verifies its data. With a budget per process (`--fork-local-mem 64M`, the behaviour
-/// before) the tree peaks at ~208 MiB; with the shared budget at 83-93 MiB here: over the
-/// budget while the workers start and evict pages they share with the parent (which frees
-/// nothing until the parent drops them too), within it after.
+/// before) the tree peaks at ~208 MiB; with the shared budget at 58-62 MiB here (78-95 when
+/// the pages shared with the parent were evicted in the policy's order, which frees nothing
+/// until the parent drops them too). The parent need not evict at all now: its 16 MiB are
+/// what it shares with the workers, and they evict their own pages first; 208 MiB of data in
+/// a tree that peaks under 103 MiB is eviction enough.
 #[test]
 fn forked_workers_share_one_budget() {
     let dir = Scratch::new("tree");
@@ -540,7 +542,6 @@ fn forked_workers_share_one_budget() {
         BUDGET >> 10,
         r.describe()
     );
-    assert!(r.stat("pages_evicted") > 0, "{}", r.describe());
 }
 
 /// As root, `farmem run` puts the program's tree in a memory cgroup of its own and the budget

@@ -184,6 +184,13 @@ pub(crate) fn evict_batch_if(st: &State, max: usize, wanted: impl Fn() -> bool) 
             return 0;
         }
         policy.take_victims(max, &mut cands, &PageTableUse);
+        if cands.len() < max {
+            // Pages shared with a parent or child since a fork come last: evicting one
+            // frees nothing while the other process maps it (`fork.rs`).
+            let mut inherited = st.inherited.lock();
+            let n = (max - cands.len()).min(inherited.len());
+            cands.extend(inherited.drain(..n));
+        }
     }
     if cands.is_empty() {
         return 0;

@@ -166,6 +166,7 @@ impl Runtime {
             readahead_seen: AtomicUsize::new(0),
             backend,
             policy: Mutex::new(policy::build(cfg.policy)),
+            inherited: Default::default(),
             book: Default::default(),
             // Recency policies put a fault's pages on probation unless they are refaults
             // of the working set.

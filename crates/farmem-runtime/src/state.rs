@@ -28,6 +28,10 @@ pub(crate) struct State {
     pub unmapper: Unmapper,
     pub backend: Arc<dyn Backend>,
     pub policy: Mutex<Box<dyn Policy>>,
+    /// Pages that were resident when this process forked or was forked, in the policy's
+    /// order then: evicted only once the policy has no other victim (see `fork.rs`).
+    /// Entries may be stale (evicted, or their region gone): eviction checks each page.
+    pub inherited: Mutex<std::collections::VecDeque<usize>>,
     /// Bookkeeping deferred off the fetch path, drained into `policy` (see `book.rs`).
     pub book: Book,
     /// Budget and free target, in pages (changed while running by

@@ -23,10 +23,11 @@
 //! their memory is shared (`Pss_Anon` of `/proc/self/smaps_rollup`, a walk of the page
 //! tables: ~19 ms for 1 GiB resident here, so at most every [`ROLLUP_EVERY_COST`] times its
 //! CPU cost near the budget, [`ROLLUP_ROOMY_COST`] times with room to spare) and count their
-//! part of the shared pages. Between measurements the count lags: a worker that evicts a
-//! page it shares with its parent frees nothing, and the page's charge moves to the parent
-//! at the parent's next measurement, so a tree whose workers start at once goes over its
-//! budget for a moment (four workers at 64 MiB: peaks of 83-93 MiB).
+//! part of the shared pages. Between measurements the count lags, so a tree whose workers
+//! start at once can go over its budget for a moment (four workers at 64 MiB: peaks of
+//! 72-73 MiB without a cgroup). Pages shared since a fork are evicted last (`fork.rs`): a
+//! worker that evicts one frees nothing, and its charge only moves to the other side; with
+//! them evicted in the policy's order the same tree peaked at 83-93 MiB.
 //!
 //! When the tree has a memory cgroup of its own (`FARMEM_CGROUP`, see `cgroup_charge.rs`),
 //! what it is charged is known exactly: the members publish their far tiers' memory too, and
