@@ -167,6 +167,7 @@ impl Runtime {
             backend,
             policy: Mutex::new(policy::build(cfg.policy)),
             inherited: Default::default(),
+            inherited_since_ns: AtomicU64::new(0),
             book: Default::default(),
             // Recency policies put a fault's pages on probation unless they are refaults
             // of the working set.

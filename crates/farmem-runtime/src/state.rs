@@ -32,6 +32,8 @@ pub(crate) struct State {
     /// order then: evicted only once the policy has no other victim (see `fork.rs`).
     /// Entries may be stale (evicted, or their region gone): eviction checks each page.
     pub inherited: Mutex<std::collections::VecDeque<usize>>,
+    /// When pages were last set aside (`now_ns`), for [`crate::fork`]'s rejoin.
+    pub inherited_since_ns: AtomicU64,
     /// Bookkeeping deferred off the fetch path, drained into `policy` (see `book.rs`).
     pub book: Book,
     /// Budget and free target, in pages (changed while running by

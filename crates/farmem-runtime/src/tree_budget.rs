@@ -186,6 +186,13 @@ impl TreeFile {
         })
     }
 
+    /// Live members other than `pid`.
+    pub fn others_alive(&self, pid: u32) -> usize {
+        self.live_slots(monotonic_ns())
+            .filter(|(_, s)| s.pid.load(Ordering::Acquire) != pid)
+            .count()
+    }
+
     /// The tree's budget (0: none set yet) and the far tiers' pages its live members hold,
     /// for an observer that is not a member (`farmem run`'s page cache trim).
     pub fn budget_and_far(&self) -> (usize, usize) {
