@@ -146,7 +146,7 @@ fn round(st: &Arc<State>, stealer: &mut FaultServer, steal_after: u64) -> bool {
     process_budget::refresh(st);
     // The fetch paths' queued bookkeeping, in one batch.
     drop(st.policy());
-    crate::fork::rejoin_inherited(st);
+    crate::inherited::rejoin_inherited(st);
     let busy = st.fault_busy_since.load(Ordering::Acquire);
     if busy != 0 && st.now_ns().saturating_sub(busy) > steal_after {
         stealer.steal(st);

@@ -27,6 +27,7 @@ pub mod ctl;
 pub mod error;
 pub mod fault_log;
 mod hint;
+mod inherited;
 mod runtime;
 pub mod scope;
 mod stats;

@@ -29,10 +29,10 @@ pub(crate) struct State {
     pub backend: Arc<dyn Backend>,
     pub policy: Mutex<Box<dyn Policy>>,
     /// Pages that were resident when this process forked or was forked, in the policy's
-    /// order then: evicted only once the policy has no other victim (see `fork.rs`).
+    /// order then: evicted only once the policy has no other victim (`inherited.rs`).
     /// Entries may be stale (evicted, or their region gone): eviction checks each page.
     pub inherited: Mutex<std::collections::VecDeque<usize>>,
-    /// When pages were last set aside (`now_ns`), for [`crate::fork`]'s rejoin.
+    /// When pages were last set aside (`now_ns`), for their rejoin (`inherited.rs`).
     pub inherited_since_ns: AtomicU64,
     /// Bookkeeping deferred off the fetch path, drained into `policy` (see `book.rs`).
     pub book: Book,
