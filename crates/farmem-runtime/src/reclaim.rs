@@ -186,7 +186,7 @@ pub(crate) fn evict_batch_if(st: &State, max: usize, wanted: impl Fn() -> bool) 
         policy.take_victims(max, &mut cands, &PageTableUse);
         if cands.len() < max {
             // Pages shared with a parent or child since a fork come last: evicting one
-            // frees nothing while the other process maps it (`fork.rs`).
+            // frees nothing while the other process maps it (`inherited.rs`).
             let mut inherited = st.inherited.lock();
             let n = (max - cands.len()).min(inherited.len());
             cands.extend(inherited.drain(..n));

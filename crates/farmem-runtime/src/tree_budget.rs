@@ -25,7 +25,7 @@
 //! CPU cost near the budget, [`ROLLUP_ROOMY_COST`] times with room to spare) and count their
 //! part of the shared pages. Between measurements the count lags, so a tree whose workers
 //! start at once can go over its budget for a moment (four workers at 64 MiB: peaks of
-//! 72-73 MiB without a cgroup). Pages shared since a fork are evicted last (`fork.rs`): a
+//! 72-73 MiB without a cgroup). Pages shared since a fork are evicted last (`inherited.rs`): a
 //! worker that evicts one frees nothing, and its charge only moves to the other side; with
 //! them evicted in the policy's order the same tree peaked at 83-93 MiB.
 //!

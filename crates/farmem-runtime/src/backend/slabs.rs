@@ -6,9 +6,10 @@
 //! only if what it holds costs little more than its payload. glibc's allocator rounds each
 //! block up, keeps a header per block, spreads blocks over per-thread arenas and rarely gives
 //! freed memory back, so the heap grew by more than the pages the tier took in. Here a block
-//! wastes at most 63 bytes (15 where blocks are small), a chunk goes back to the kernel as soon as its last block is freed
-//! (beyond a small cache of empty chunks, which spares the kernel faults of reusing fresh
-//! memory), and what is held is counted exactly ([`Slabs::held_bytes`]).
+//! wastes at most 63 bytes (15 where blocks are small), a chunk goes back to the kernel as
+//! soon as its last block is freed (beyond a small cache of empty chunks, which spares the
+//! kernel faults of reusing fresh memory), and what is held is counted exactly
+//! ([`Slabs::held_bytes`]).
 //!
 //! Chunks that keep a few live blocks would still hold all their pages: when a program's
 //! pages change how well they compress (filled, then rewritten), the old sizes' chunks empty
