@@ -35,7 +35,8 @@ enum Cmd {
     /// request 32 hash-table lookups and one 8 KiB object, Zipf(0.8) requests. Requests/s
     /// under each reclaim policy (fifo, second-chance, lru, priority) with priority hints
     /// (objects evicted first), plain hints and no hints, at shares of the footprint; the
-    /// headline is priority+prio against fifo+hint.
+    /// headline is priority+prio against fifo+hint. `--sweep` varies the service's shape
+    /// (table share, object size, lookups, load order, ev_prio) with only the objects hinted.
     Kv(kv::Args),
     /// The evaluation: seqscan, randscan, kvs, dataframe, psort and memcached, natively,
     /// under Linux swap (zram, swap file) in a memory cgroup, and under farmem (transparent

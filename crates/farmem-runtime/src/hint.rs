@@ -72,16 +72,23 @@ pub fn hint_ex<T: ?Sized>(addr: *const T, len: usize, flags: u32, readahead: i32
 /// hand marked the page idle. Report the use by clearing the mark, without the region
 /// lookup and locking of the full path (which made recency policies slower than FIFO on the
 /// key-value benchmark despite fetching fewer pages). Returns false if there is more to do.
+/// The hint's eviction priority goes into the word too: the priority policy reads it to
+/// move a page that became resident without it (written before any hint) to its level.
 #[inline]
-fn mark_used(vpn: usize, write: bool) -> bool {
+fn mark_used(vpn: usize, write: bool, prio: u8) -> bool {
     // The zero word of a missing table is never registered, so it is never written.
     let slot = guarded_slot(vpn);
-    if !slot.load().only_idle_for(write) {
+    let w = slot.load();
+    if !w.only_idle_for(write) {
         return false;
     }
     // A lost race (the page evicted meanwhile) only clears the mark of an absent page,
     // which every install and eviction resets anyway.
-    slot.mark_used();
+    if w.prio() == prio {
+        slot.mark_used();
+    } else {
+        slot.update(|w| Some(w.used_with_prio(prio)));
+    }
     true
 }
 
@@ -95,7 +102,7 @@ pub fn hint_slow(addr: usize, len: usize, flags: u32, readahead: i32, ev_prio: u
     }
     let first_vpn = addr >> PAGE_SHIFT;
     let one_page = len <= PAGE_SIZE - (addr & (PAGE_SIZE - 1));
-    if one_page && readahead == 0 && mark_used(first_vpn, flags & FM_WRITE != 0) {
+    if one_page && readahead == 0 && mark_used(first_vpn, flags & FM_WRITE != 0, ev_prio.min(7)) {
         return;
     }
     if flags & FM_SEQ != 0 {

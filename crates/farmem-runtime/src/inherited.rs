@@ -35,6 +35,10 @@ impl crate::policy::UseBits for Unused {
     fn used_since_last_look(&self, _vpn: usize) -> bool {
         false
     }
+
+    fn watch(&self, _vpn: usize) -> u8 {
+        0
+    }
 }
 
 /// How long after a fork the other side may take to show in the tree file (a member

@@ -85,6 +85,12 @@ impl UseBits for PageTableUse {
     fn used_since_last_look(&self, vpn: usize) -> bool {
         table::slot(vpn).update(PageWord::passed_by_hand)
     }
+
+    fn watch(&self, vpn: usize) -> u8 {
+        let slot = table::slot(vpn);
+        slot.update(PageWord::watched);
+        slot.load().prio()
+    }
 }
 
 #[cfg(test)]

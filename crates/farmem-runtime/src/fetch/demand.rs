@@ -46,8 +46,13 @@ pub(crate) fn ensure(st: &State, reg: &RegionInfo, req: &Request) -> Result<Outc
         let cur = slot.load();
         if cur.is_idle() {
             // Used again since the policy's hand passed it (a lost race with a lock holder
-            // storing its word only leaves the page looking idle one more pass).
-            slot.mark_used();
+            // storing its word only leaves the page looking idle one more pass). A hint
+            // reports its priority with the use, as the inline path's `mark_used` does.
+            if req.mode == Mode::Hint && cur.prio() != req.prio {
+                slot.update(|w| Some(w.used_with_prio(req.prio)));
+            } else {
+                slot.mark_used();
+            }
         }
         if !cur.needs_fetch_for(req.write) {
             if req.mode == Mode::Fault && cur.is_locked() && cur.owner() != me {

@@ -211,8 +211,8 @@ impl PageWord {
         self.is_absent() && self.0 & (REMOTE | EVER_WRITTEN) != 0
     }
 
-    /// The eviction priority of the hint that fetched it.
-    #[cfg(test)]
+    /// The eviction priority of the last hint that fetched it or reported its use.
+    #[inline]
     pub(crate) fn prio(self) -> u8 {
         ((self.0 & PRIO_MASK) >> PRIO_SHIFT) as u8
     }
@@ -368,6 +368,20 @@ impl PageWord {
     #[cfg(test)]
     pub(crate) fn used(self) -> PageWord {
         PageWord(self.0 & !IDLE)
+    }
+
+    /// The word after a hint with eviction priority `prio` reported a use (not idle, the
+    /// hint's priority).
+    #[inline]
+    pub(crate) fn used_with_prio(self, prio: u8) -> PageWord {
+        PageWord((self.0 & !(IDLE | PRIO_MASK)) | (((prio as u64) << PRIO_SHIFT) & PRIO_MASK))
+    }
+
+    /// The word after the priority policy's sorting hand passed a page: idle, so that the
+    /// next hint on it reports its use (and its priority) out of line.
+    #[inline]
+    pub(crate) fn watched(self) -> Option<PageWord> {
+        (self.is_registered() && !self.is_idle()).then_some(PageWord(self.0 | IDLE))
     }
 
     /// What the policy's hand leaves when it passes this page: `None` if the page was not

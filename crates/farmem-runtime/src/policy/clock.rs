@@ -24,6 +24,10 @@ impl Ring {
         self.q.len()
     }
 
+    pub fn pop_front(&mut self) -> Option<usize> {
+        self.q.pop_front()
+    }
+
     pub fn remove_range(&mut self, first: usize, n: usize) {
         self.q.retain(|&v| v < first || v >= first + n);
     }
@@ -110,6 +114,10 @@ mod tests {
         impl UseBits for AlwaysUsed {
             fn used_since_last_look(&self, _vpn: usize) -> bool {
                 true
+            }
+
+            fn watch(&self, _vpn: usize) -> u8 {
+                0
             }
         }
         let mut p = SecondChance::default();

@@ -5,6 +5,11 @@ pub(crate) trait UseBits {
     /// Was `vpn` used since the previous call for it (or since it became resident)? Marks it
     /// idle, so that the next call answers for the time from now on.
     fn used_since_last_look(&self, vpn: usize) -> bool;
+
+    /// The eviction priority of the last hint that fetched `vpn` or reported its use; marks
+    /// it idle, so that the next hint on it reports again. For the priority policy's hand
+    /// that sorts pages which became resident without a hint.
+    fn watch(&self, vpn: usize) -> u8;
 }
 
 /// Pages are named by their virtual page number (unique across regions).

@@ -36,25 +36,36 @@ pub(crate) fn build(kind: PolicyKind) -> Box<dyn Policy> {
 #[cfg(test)]
 pub(crate) mod testing {
     use std::cell::RefCell;
-    use std::collections::HashSet;
+    use std::collections::{HashMap, HashSet};
 
     use super::{Policy, UseBits};
 
     /// Use bits for policy tests: `touch` marks pages used; a look clears the mark.
+    /// `hint_prio` is a hint's priority reported on a page.
     #[derive(Default)]
     pub struct FakeBits {
         used: RefCell<HashSet<usize>>,
+        prio: RefCell<HashMap<usize, u8>>,
     }
 
     impl FakeBits {
         pub fn touch(&self, vpns: &[usize]) {
             self.used.borrow_mut().extend(vpns.iter().copied());
         }
+
+        pub fn hint_prio(&self, vpn: usize, prio: u8) {
+            self.touch(&[vpn]);
+            self.prio.borrow_mut().insert(vpn, prio);
+        }
     }
 
     impl UseBits for FakeBits {
         fn used_since_last_look(&self, vpn: usize) -> bool {
             self.used.borrow_mut().remove(&vpn)
+        }
+
+        fn watch(&self, vpn: usize) -> u8 {
+            self.prio.borrow().get(&vpn).copied().unwrap_or(0)
         }
     }
 
