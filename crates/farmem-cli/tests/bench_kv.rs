@@ -3,43 +3,28 @@
 //! a sweep point where only the objects are hinted: priority fetches no more than FIFO.
 
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 #[test]
 fn bench_kv_runs_every_policy_and_mode_and_writes_json() {
-    let json = std::env::temp_dir().join(format!("farmem-bench-kv-{}.json", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_farmem"))
-        .args([
-            "bench",
-            "kv",
-            "--size",
-            "16M",
-            "--local",
-            "40",
-            "--policies",
-            "fifo,second-chance,lru,priority",
-            "--modes",
-            "prio,objprio,hint,unhinted",
-            "--requests",
-            "2000",
-            "--warmup",
-            "1000",
-            "--repeat",
-            "1",
-        ])
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (stdout, j) = kv_json(&[
+        "--size",
+        "16M",
+        "--local",
+        "40",
+        "--policies",
+        "fifo,second-chance,lru,priority",
+        "--modes",
+        "prio,objprio,hint,unhinted",
+        "--requests",
+        "2000",
+        "--warmup",
+        "1000",
+        "--repeat",
+        "1",
+    ]);
     assert!(stdout.contains("priority+prio"), "{stdout}");
-    let text = std::fs::read_to_string(&json).unwrap();
-    let _ = std::fs::remove_file(&json);
-    let j: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let text = j.to_string();
     let points = j["points"].as_array().expect("points");
     for policy in ["fifo", "second-chance", "lru", "priority"] {
         for mode in ["prio", "objprio", "hint", "unhinted"] {
@@ -81,12 +66,14 @@ fn bench_kv_runs_every_policy_and_mode_and_writes_json() {
         .all(|s| s["priority_vs_fifo_worst"].as_f64().unwrap() > 0.0));
 }
 
-/// Run `farmem bench kv` with `args` and return its JSON.
-fn kv_json(args: &[&str]) -> serde_json::Value {
+/// Run `farmem bench kv` with `args`; its standard output and its JSON.
+fn kv_json(args: &[&str]) -> (String, serde_json::Value) {
+    // Tests run side by side in one process: one file each.
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
     let json = std::env::temp_dir().join(format!(
         "farmem-bench-kv-{}-{}.json",
         std::process::id(),
-        args.len()
+        RUNS.fetch_add(1, Ordering::Relaxed)
     ));
     let out = Command::new(env!("CARGO_BIN_EXE_farmem"))
         .args(["bench", "kv"])
@@ -95,15 +82,15 @@ fn kv_json(args: &[&str]) -> serde_json::Value {
         .arg(&json)
         .output()
         .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
+        "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let text = std::fs::read_to_string(&json).unwrap();
     let _ = std::fs::remove_file(&json);
-    serde_json::from_str(&text).unwrap()
+    (stdout, serde_json::from_str(&text).unwrap())
 }
 
 /// The shape where priority once lost to FIFO: a small table read with plain loads, objects
@@ -114,7 +101,7 @@ fn kv_json(args: &[&str]) -> serde_json::Value {
 /// 0.22-0.27. Counts, not times: pages fetched per request.
 #[test]
 fn priority_fetches_no_more_than_fifo_where_only_objects_are_hinted() {
-    let j = kv_json(&[
+    let (_, j) = kv_json(&[
         "--size",
         "32M",
         "--table-pct",
