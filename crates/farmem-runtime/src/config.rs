@@ -21,9 +21,9 @@ impl PolicyKind {
     pub fn parse(s: &str) -> Result<PolicyKind> {
         match s.trim() {
             "fifo" => Ok(PolicyKind::Fifo),
-            "second-chance" | "clock" | "default" => Ok(PolicyKind::SecondChance),
+            "second-chance" | "clock" => Ok(PolicyKind::SecondChance),
             "lru" => Ok(PolicyKind::Lru),
-            "priority" => Ok(PolicyKind::Priority),
+            "priority" | "default" => Ok(PolicyKind::Priority),
             other => Err(Error::Config(format!(
                 "unknown reclaim policy '{other}': expected fifo, second-chance, lru or priority"
             ))),
@@ -46,10 +46,12 @@ pub struct Config {
     /// Free budget the control thread keeps, in percent of the budget (`FARMEM_FREE_PCT`,
     /// default 1; at least two read-ahead windows, see [`Config::free_target_pages`]).
     pub free_pct: f64,
-    /// Reclaim policy (`FARMEM_POLICY`, default second-chance: with the working set's refault
-    /// distances it keeps what a program comes back to, where FIFO evicts it in turn; sqlite
-    /// at half its peak faulted 1.0M times under FIFO, 0.51M under second chance, as many as
-    /// Linux swap at that limit).
+    /// Reclaim policy (`FARMEM_POLICY`, default priority). Without `ev_prio` hints, priority
+    /// is second chance: every page is at level 0, one clock ring, and with the working set's
+    /// refault distances it keeps what a program comes back to, where FIFO evicts it in turn
+    /// (sqlite at half its peak faulted 1.0M times under FIFO, 0.51M under second chance, as
+    /// many as Linux swap at that limit). With them, it evicts what they mark first: on
+    /// `bench kv --sweep` it never fetched more pages than second chance or FIFO.
     pub policy: PolicyKind,
     /// Largest read-ahead window for sequential unhinted faults, in pages
     /// (`FARMEM_FAULT_READAHEAD`, default 256; 0 disables every read-ahead of unhinted
@@ -194,7 +196,7 @@ impl Default for Config {
             backend: BackendSpec::Local { lz4: false },
             evict_batch: 128,
             free_pct: 1.0,
-            policy: PolicyKind::SecondChance,
+            policy: PolicyKind::Priority,
             fault_readahead: 256,
             max_readahead: 256,
             hint_pipeline: 2,

@@ -55,7 +55,9 @@ fn refault_distance_keeps_the_working_set_local() {
     let (fifo, fifo_recent) = hot_faults(PolicyKind::Fifo);
     let (clock, clock_recent) = hot_faults(PolicyKind::SecondChance);
     let (lru, _) = hot_faults(PolicyKind::Lru);
-    eprintln!("hot-set faults: fifo {fifo}, second-chance {clock}, lru {lru}");
+    // The default: without ev_prio hints, one level, which is second chance.
+    let (prio, prio_recent) = hot_faults(PolicyKind::Priority);
+    eprintln!("hot-set faults: fifo {fifo}, second-chance {clock}, lru {lru}, priority {prio}");
     assert_eq!(fifo_recent, 0, "fifo does not look at refault distances");
     assert!(clock_recent > 0, "no refault was recognized as recent");
     // FIFO refaults the whole hot set about every other round (6600 faults here); a policy
@@ -65,4 +67,6 @@ fn refault_distance_keeps_the_working_set_local() {
     assert!(fifo > (ROUNDS as u64 - 2) * HOT as u64 / 4, "fifo {fifo}");
     assert!(clock * 3 < fifo * 2, "second-chance {clock} vs fifo {fifo}");
     assert!(lru < fifo, "lru {lru} vs fifo {fifo}");
+    assert!(prio_recent > 0, "priority recognized no recent refault");
+    assert!(prio * 3 < fifo * 2, "priority {prio} vs fifo {fifo}");
 }

@@ -93,7 +93,7 @@ pub struct Options {
     /// room. Default: $TMPDIR, else /var/tmp.
     #[arg(long, value_name = "DIR")]
     far_dir: Option<PathBuf>,
-    /// Reclaim policy: second-chance (default: a page used since the hand last passed, or refaulted soon after its eviction, stays), fifo, lru or priority (levels from the hints' ev_prio).
+    /// Reclaim policy: priority (default: levels from the hints' ev_prio, highest evicted first; without such hints, as second-chance), second-chance (a page used since the hand last passed, or refaulted soon after its eviction, stays), fifo or lru.
     #[arg(long)]
     policy: Option<String>,
     /// Print a summary to stderr when the program ends.
