@@ -61,7 +61,7 @@ impl Policy {
     }
 }
 
-/// The grid of `--sweep` (issue 18): tables of 10-40% of the footprint, 4-8 KiB objects,
+/// The grid of `--sweep` (issue 18's): tables of 10-40% of the footprint, 4-8 KiB objects,
 /// `ev_prio` 1-7, 8-32 lookups, 25-50% local; objects hinted, the table never.
 const SWEEP_TABLE_PCT: [f64; 3] = [10.0, 20.0, 40.0];
 const SWEEP_OBJECT: [&str; 2] = ["4K", "8K"];
@@ -105,9 +105,9 @@ pub struct Args {
     /// Hint modes [default: prio,hint,unhinted; with --sweep: objprio].
     #[arg(long, value_delimiter = ',', value_enum)]
     modes: Option<Vec<Mode>>,
-    /// Sweep the shapes of issue 18: tables of 10, 20 and 40% of the footprint, objects of 4
-    /// and 8 KiB, 8 and 32 lookups, ev_prio 1 and 7, at 50, 40 and 25% local, fifo against
-    /// priority with only the objects hinted. Any list given explicitly replaces its part of
+    /// Sweep the service's shapes: tables of 10, 20 and 40% of the footprint, objects of 4
+    /// and 8 KiB, 8 and 32 lookups, both load orders, ev_prio 1 and 7, at 50, 40 and 25%
+    /// local, fifo against priority with only the objects hinted (objprio). Any list given explicitly replaces its part of
     /// the grid. Prints the worst and the geometric mean of priority over fifo per local
     /// share.
     #[arg(long)]
