@@ -84,11 +84,7 @@ fn mark_used(vpn: usize, write: bool, prio: u8) -> bool {
     }
     // A lost race (the page evicted meanwhile) only clears the mark of an absent page,
     // which every install and eviction resets anyway.
-    if w.prio() == prio {
-        slot.mark_used();
-    } else {
-        slot.update(|w| Some(w.used_with_prio(prio)));
-    }
+    slot.mark_used_by_hint(w, prio);
     true
 }
 

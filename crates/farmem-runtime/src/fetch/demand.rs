@@ -48,8 +48,8 @@ pub(crate) fn ensure(st: &State, reg: &RegionInfo, req: &Request) -> Result<Outc
             // Used again since the policy's hand passed it (a lost race with a lock holder
             // storing its word only leaves the page looking idle one more pass). A hint
             // reports its priority with the use, as the inline path's `mark_used` does.
-            if req.mode == Mode::Hint && cur.prio() != req.prio {
-                slot.update(|w| Some(w.used_with_prio(req.prio)));
+            if req.mode == Mode::Hint {
+                slot.mark_used_by_hint(cur, req.prio);
             } else {
                 slot.mark_used();
             }

@@ -313,6 +313,18 @@ impl PageSlot {
         self.0.fetch_and(!IDLE, Ordering::AcqRel);
     }
 
+    /// Clear the idle mark for a hint with eviction priority `prio`, recording the priority
+    /// in the word when `seen` (the word as the caller last loaded it) has another: the
+    /// priority policy reads it to move a page that became resident without it.
+    #[inline]
+    pub(crate) fn mark_used_by_hint(&self, seen: PageWord, prio: u8) {
+        if seen.prio() == prio {
+            self.mark_used();
+        } else {
+            self.update(|w| Some(w.used_with_prio(prio)));
+        }
+    }
+
     /// Apply `f` to the unlocked word until the CAS sticks; false if `f` declined.
     #[inline]
     pub(crate) fn update(&self, f: impl Fn(PageWord) -> Option<PageWord>) -> bool {
