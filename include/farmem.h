@@ -66,6 +66,8 @@ struct fm_stats {
     uint64_t tree_uncounted_bytes; /* memory of the process tree's cgroup that no process of
                                       it counts, within the tree's budget (FARMEM_CGROUP),
                                       else 0 */
+    uint64_t protected_pages; /* resident pages the reclaim policy protects now (a loop
+                                 larger than the budget: keep part of it) */
 };
 
 /* Start the process-wide runtime from FARMEM_* environment variables (FARMEM_LOCAL_MEM,

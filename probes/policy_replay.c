@@ -19,6 +19,13 @@
  *             many extra passes of the hand; any other fault starts idle
  *   jump BAR  the same, with the hand jumping to a random segment of 64 ring entries in the
  *             older half after each 64 looked at
+ *   duel BAR  the default policy's level 0 (crates/farmem-runtime/src/policy/dueling.rs):
+ *             pages split by a hash into groups; one in 64 always on sc, one in 64 always
+ *             with a protected band (a recent refault enters it while it holds under 9/10
+ *             of its group's share; once full, one in 8 recent refaults lets its oldest page
+ *             back into the ring; evicted only when the ring is empty), each leader held to
+ *             its share (1/64) of the resident pages; the rest follow whichever leader missed
+ *             less (a counter saturating at +-1024)
  *
  * usage: policy_replay FAULTLOG BAR RESIDENT_PAGES [RESIDENT_PAGES...]
  * example (sqlite3's GROUP BY through an index, 128 MiB table): see probes/README.md
@@ -85,7 +92,7 @@ static uint64_t next_rand(void) {
     return rng;
 }
 
-enum { FIFO, SC, JUMP };
+enum { FIFO, SC, JUMP, DUEL };
 #define SEGMENT 64
 
 static long replay(int policy, double bar, size_t resident_max) {
@@ -144,6 +151,99 @@ static long replay(int policy, double bar, size_t resident_max) {
     return misses;
 }
 
+/* The dueling groups of `duel`: 0 the sc leader, 1 the band's leader, 2 the followers. */
+#define SHARE 64
+#define PSEL_MAX 1024
+typedef struct {
+    uint32_t *ring, *band;
+    size_t rh, rt, bh, bt;
+} Group;
+
+static size_t group_len(const Group *g) { return (g->rt - g->rh) + (g->bt - g->bh); }
+
+static int group_of(uint32_t p) {
+    uint32_t h = (uint32_t)(((uint64_t)p * 0x9E3779B97F4A7C15ull) >> 40) % SHARE;
+    return h == 0 ? 0 : h == 1 ? 1 : 2;
+}
+
+static long replay_duel(double bar, size_t resident_max) {
+    uint8_t *res = calloc(npages, 1), *used = calloc(npages, 1), *level = calloc(npages, 1),
+            *credit = calloc(npages, 1);
+    uint64_t *shadow = calloc(npages, 8);
+    size_t cap = npages + 1, resident = 0;
+    Group g[3];
+    for (int k = 0; k < 3; k++) {
+        g[k].ring = malloc(cap * 4);
+        g[k].band = malloc(cap * 4);
+        g[k].rh = g[k].rt = g[k].bh = g[k].bt = 0;
+    }
+    uint64_t clock = 1, knocks = 0;
+    long psel = 0, misses = 0;
+    for (size_t i = 0; i < nacc; i++) {
+        uint32_t p = acc[i];
+        if (res[p])
+            continue;
+        misses++;
+        while (resident >= resident_max) {
+            size_t share = resident / SHARE;
+            int e = group_len(&g[0]) > share ? 0 : group_len(&g[1]) > share ? 1 : 2;
+            if (group_len(&g[e]) == 0)
+                e = group_len(&g[2]) ? 2 : group_len(&g[0]) ? 0 : 1;
+            Group *G = &g[e];
+            if (e == 2 && psel <= 0 && G->bt > G->bh) /* followers on sc: the band drains */
+                G->ring[G->rt++ % cap] = G->band[G->bh++ % cap];
+            uint32_t v;
+            if (G->rt > G->rh) {
+                v = G->ring[G->rh++ % cap];
+                if (used[v] || credit[v]) {
+                    if (used[v])
+                        used[v] = 0;
+                    else
+                        credit[v]--;
+                    G->ring[G->rt++ % cap] = v;
+                    continue;
+                }
+            } else {
+                v = G->band[G->bh++ % cap];
+            }
+            res[v] = 0;
+            resident--;
+            shadow[v] = clock++;
+        }
+        int k = group_of(p);
+        psel += k == 0 ? (psel < PSEL_MAX) : k == 1 ? -(psel > -PSEL_MAX) : 0;
+        int recent = shadow[p] && (double)(clock - shadow[p]) < bar * (double)resident_max;
+        level[p] = recent ? (level[p] < 3 ? level[p] + 1 : 3) : 0;
+        credit[p] = level[p];
+        used[p] = recent;
+        Group *G = &g[k];
+        res[p] = 1;
+        if (recent && (k == 1 || (k == 2 && psel > 0))) {
+            size_t share = resident / SHARE;
+            size_t bcap = (k == 2 ? resident - 2 * share : share) * 9 / 10;
+            if (G->bt - G->bh >= bcap && ++knocks % 8 == 0)
+                G->ring[G->rt++ % cap] = G->band[G->bh++ % cap];
+            if (G->bt - G->bh < bcap) {
+                G->band[G->bt++ % cap] = p;
+                resident++;
+                continue;
+            }
+        }
+        resident++;
+        G->ring[G->rt++ % cap] = p;
+    }
+    for (int k = 0; k < 3; k++) {
+        free(g[k].ring);
+        free(g[k].band);
+    }
+    free(res);
+    free(used);
+    free(level);
+    free(credit);
+    free(shadow);
+    return misses;
+}
+
 int main(int argc, char **argv) {
     if (argc < 4) {
         fprintf(stderr, "usage: policy_replay FAULTLOG BAR RESIDENT_PAGES...\n");
@@ -158,8 +258,9 @@ int main(int argc, char **argv) {
             fprintf(stderr, "resident pages %s: %d to %u\n", argv[a], 4 * SEGMENT, npages - 1);
             return 1;
         }
-        printf("resident %zu: pages read back  fifo %ld  sc %ld  jump %ld\n", m,
-               replay(FIFO, bar, m), replay(SC, bar, m), replay(JUMP, bar, m));
+        printf("resident %zu: pages read back  fifo %ld  sc %ld  jump %ld  duel %ld\n", m,
+               replay(FIFO, bar, m), replay(SC, bar, m), replay(JUMP, bar, m),
+               replay_duel(bar, m));
     }
     return 0;
 }

@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 
 use crate::policy::Policy;
 use crate::stats::Stats;
+use crate::workingset::PageTableUse;
 
 const SHARDS: usize = 16;
 /// Entries after which the pushing thread asks the control thread to drain.
@@ -19,8 +20,9 @@ pub(crate) const DRAIN_AT: usize = 512;
 
 #[derive(Default)]
 struct Queue {
-    /// Pages that became resident, with the eviction priority they were fetched with.
-    inserted: Vec<(usize, u8)>,
+    /// Pages that became resident, with the eviction priority they were fetched with and
+    /// whether a fault or hint demanded them (else read ahead).
+    inserted: Vec<(usize, u8, bool)>,
     /// Fetch latencies to record, in nanoseconds.
     fetch_ns: Vec<u64>,
 }
@@ -47,17 +49,19 @@ impl Book {
         &self.shards[crate::page::table::owner_id() as usize % SHARDS].0
     }
 
-    /// Pages `vpns` were installed with priority `prio`, by a fetch that took `ns`
-    /// nanoseconds (none for prefetches completed later). Returns true when this thread's
-    /// queue is long enough that the control thread should drain it.
+    /// Pages `vpns` were installed with priority `prio`, demanded (by a fault or hint) or
+    /// read ahead, by a fetch that took `ns` nanoseconds (none for prefetches completed
+    /// later). Returns true when this thread's queue is long enough that the control thread
+    /// should drain it.
     pub(crate) fn note_fetched(
         &self,
         vpns: impl Iterator<Item = usize>,
         prio: u8,
+        demanded: bool,
         ns: Option<u64>,
     ) -> bool {
         let mut q = self.mine().lock();
-        q.inserted.extend(vpns.map(|v| (v, prio)));
+        q.inserted.extend(vpns.map(|v| (v, prio, demanded)));
         q.fetch_ns.extend(ns);
         q.inserted.len() >= DRAIN_AT
     }
@@ -79,16 +83,16 @@ impl Book {
                 )
             };
             moved += inserted.len();
-            // Consecutive entries of one priority go to the policy as one slice.
+            // Consecutive entries of one kind go to the policy as one slice.
             let mut i = 0;
             while i < inserted.len() {
-                let prio = inserted[i].1;
+                let (_, prio, demanded) = inserted[i];
                 vpns.clear();
-                while i < inserted.len() && inserted[i].1 == prio {
+                while i < inserted.len() && (inserted[i].1, inserted[i].2) == (prio, demanded) {
                     vpns.push(inserted[i].0);
                     i += 1;
                 }
-                policy.insert(&vpns, prio);
+                policy.insert_missed(&vpns, prio, demanded, &PageTableUse);
             }
             stats.record_fetches(&fetch_ns);
         }
@@ -112,9 +116,9 @@ mod tests {
         let book = Book::default();
         let stats = Stats::default();
         let mut p = crate::policy::build(PolicyKind::Fifo);
-        book.note_fetched([10, 11, 12].into_iter(), 0, Some(1000));
+        book.note_fetched([10, 11, 12].into_iter(), 0, true, Some(1000));
         std::thread::scope(|s| {
-            s.spawn(|| book.note_fetched([50, 51].into_iter(), 3, Some(2000)));
+            s.spawn(|| book.note_fetched([50, 51].into_iter(), 3, false, Some(2000)));
         });
         assert_eq!(book.queued(), 5);
         assert!(p.is_empty(), "nothing reaches the policy before a drain");
@@ -131,7 +135,7 @@ mod tests {
     #[test]
     fn a_long_queue_asks_for_a_drain() {
         let book = Book::default();
-        assert!(!book.note_fetched(0..10, 0, None));
-        assert!(book.note_fetched(10..DRAIN_AT + 10, 0, None));
+        assert!(!book.note_fetched(0..10, 0, true, None));
+        assert!(book.note_fetched(10..DRAIN_AT + 10, 0, true, None));
     }
 }

@@ -50,8 +50,11 @@ pub struct Config {
     /// is second chance: every page is at level 0, one clock ring, and with the working set's
     /// refault distances it keeps what a program comes back to, where FIFO evicts it in turn
     /// (sqlite at half its peak faulted 1.0M times under FIFO, 0.51M under second chance, as
-    /// many as Linux swap at that limit). With them, it evicts what they mark first: on
-    /// `bench kv --sweep` it never fetched more pages than second chance or FIFO.
+    /// many as Linux swap at that limit); beside the ring, a protected band keeps part of a
+    /// loop larger than the budget, where the program's own misses say it helps
+    /// (`policy/dueling.rs`; `second-chance` is the ring alone). With hints, it evicts what
+    /// they mark first: on `bench kv --sweep` it never fetched more pages than second chance
+    /// or FIFO.
     pub policy: PolicyKind,
     /// Largest read-ahead window for sequential unhinted faults, in pages
     /// (`FARMEM_FAULT_READAHEAD`, default 256; 0 disables every read-ahead of unhinted

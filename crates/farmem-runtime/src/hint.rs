@@ -133,6 +133,7 @@ pub fn hint_slow(addr: usize, len: usize, flags: u32, readahead: i32, ev_prio: u
         prio: ev_prio.min(7),
         mode: Mode::Hint,
         readahead_useful_for: None,
+        readahead_trusted: false,
     };
     match demand::ensure(&st, &reg, &req) {
         Ok(o) if o.installed + o.unprotected > 0 => add(&st.stats.c.hint_misses, 1),

@@ -184,6 +184,7 @@ pub(crate) fn evict_batch_if(st: &State, max: usize, wanted: impl Fn() -> bool) 
             return 0;
         }
         policy.take_victims(max, &mut cands, &PageTableUse);
+        st.protected.store(policy.protected(), Ordering::Relaxed);
         if cands.len() < max {
             // Pages shared with a parent or child since a fork come last: evicting one
             // frees nothing while the other process maps it (`inherited.rs`).

@@ -158,6 +158,7 @@ impl Runtime {
             budget: AtomicUsize::new(cfg.budget_pages()),
             asked_budget: AtomicUsize::new(cfg.budget_pages()),
             other_pages: AtomicUsize::new(0),
+            protected: AtomicUsize::new(0),
             budget_checked_ns: AtomicU64::new(0),
             // Set from `cfg` below (`State::set_free_pool`), as when the budget changes.
             free_target: AtomicUsize::new(0),

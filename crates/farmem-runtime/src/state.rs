@@ -54,6 +54,9 @@ pub(crate) struct State {
     /// was last measured (`now_ns`).
     pub other_pages: AtomicUsize,
     pub budget_checked_ns: AtomicU64,
+    /// Pages the policy holds in protected bands, as of its last pick of victims
+    /// (`policy/dueling.rs`): the rest of the budget is where other pages stay.
+    pub protected: AtomicUsize,
     /// The process tree's shared budget, when this process takes a share of one
     /// (`tree_budget.rs`, [`crate::Config::tree`]).
     pub tree: Option<crate::tree_budget::Membership>,
@@ -148,6 +151,13 @@ impl State {
         self.budget.load(Ordering::Relaxed)
     }
 
+    /// The budget less the pages in protected bands: how many pages others get to stay.
+    #[inline]
+    pub fn unprotected_budget(&self) -> usize {
+        self.budget()
+            .saturating_sub(self.protected.load(Ordering::Relaxed))
+    }
+
     /// Free pages the control thread keeps available now.
     #[inline]
     pub fn free_target(&self) -> usize {
@@ -214,8 +224,10 @@ impl State {
 
     pub fn snapshot(&self) -> StatsSnapshot {
         // Latencies still queued belong in the histogram.
-        drop(self.policy());
+        let protected = self.policy().protected();
         let mut s = self.stats.snapshot();
+        // Entries of pages discarded since (at exit, the program's frees) are not resident.
+        s.protected_pages = protected.min(self.resident.load(Ordering::Relaxed)) as u64;
         s.budget_bytes = (self.asked_budget.load(Ordering::Relaxed) * PAGE_SIZE) as u64;
         s.other_bytes = (self.other_pages.load(Ordering::Relaxed) * PAGE_SIZE) as u64;
         s.tree_uncounted_bytes = self

@@ -52,6 +52,8 @@ macro_rules! counters {
             /// counts (page tables, processes farmem does not run, dirty file pages), taken
             /// from the tree's budget (`FARMEM_CGROUP`; else 0).
             pub tree_uncounted_bytes: u64,
+            /// Pages the reclaim policy holds in protected bands now (`policy/dueling.rs`).
+            pub protected_pages: u64,
         }
 
         impl Counters {
@@ -213,6 +215,7 @@ impl StatsSnapshot {
             ("far_file_bytes", self.far_file_bytes),
             ("other_bytes", self.other_bytes),
             ("tree_uncounted_bytes", self.tree_uncounted_bytes),
+            ("protected_pages", self.protected_pages),
         ]);
         v
     }

@@ -91,6 +91,14 @@ impl UseBits for PageTableUse {
         slot.update(PageWord::watched);
         slot.load().prio()
     }
+
+    fn level(&self, vpn: usize) -> u8 {
+        table::slot(vpn).load().level()
+    }
+
+    fn present(&self, vpn: usize) -> bool {
+        table::slot(vpn).load().is_present()
+    }
 }
 
 #[cfg(test)]

@@ -179,6 +179,14 @@ impl Report {
                 mib(stat(m, "tree_uncounted_bytes"))
             );
         }
+        if stat(m, "protected_pages") > 0 {
+            let _ = writeln!(
+                o,
+                "  protected band at the end {:>7.1} MiB (the program sweeps more than its budget: \
+                 part of what it sweeps stays local)",
+                mib(stat(m, "protected_pages") * 4096)
+            );
+        }
         if let Some((n, bytes)) = self.trimmed.filter(|t| t.0 > 0) {
             let _ = writeln!(
                 o,

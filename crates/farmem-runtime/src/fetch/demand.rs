@@ -263,9 +263,17 @@ fn fetch_locked(
     // Bookkeeping is queued, not done here: the policy and the histogram are shared with
     // every other fetching thread and the reclaimer (PFA's minimal fault path).
     let ns = t0.elapsed().as_nanos() as u64;
-    if st
+    let (demanded, ahead) = batch.split_at(n_demand.min(batch.len()));
+    let full = st
         .book
-        .note_fetched(batch.iter().map(|l| l.vpn), req.prio, Some(ns))
+        .note_fetched(demanded.iter().map(|l| l.vpn), req.prio, true, Some(ns));
+    if full
+        | st.book.note_fetched(
+            ahead.iter().map(|l| l.vpn),
+            req.prio,
+            req.readahead_trusted,
+            None,
+        )
     {
         st.kick_control();
     }

@@ -254,11 +254,12 @@ fn complete(st: &State, mut b: Batch) -> Result<()> {
         prio: b.prio,
         mode: Mode::Hint,
         readahead_useful_for: None,
+        readahead_trusted: false,
     };
     phases::install_phase(st, &b.reg, &req, &b.pages, b.read, give_buf)?;
     if st
         .book
-        .note_fetched(b.pages.iter().map(|l| l.vpn), b.prio, None)
+        .note_fetched(b.pages.iter().map(|l| l.vpn), b.prio, false, None)
     {
         st.kick_control();
     }

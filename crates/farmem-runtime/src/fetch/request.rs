@@ -29,6 +29,10 @@ pub(crate) struct Request {
     pub mode: Mode,
     /// How long the read-ahead stays useful (its stream's pace; `None`: not known).
     pub readahead_useful_for: Option<Duration>,
+    /// The read-ahead follows a stream predicted well so far: its pages join the policy as
+    /// demanded ones (a protected band may take them: a sequential loop larger than the
+    /// budget faults once per window, and its band would otherwise take one page in 256).
+    pub readahead_trusted: bool,
 }
 
 impl Request {
@@ -43,6 +47,7 @@ impl Request {
             prio: 0,
             mode,
             readahead_useful_for: None,
+            readahead_trusted: false,
         }
     }
 }

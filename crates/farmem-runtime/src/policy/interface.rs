@@ -10,12 +10,38 @@ pub(crate) trait UseBits {
     /// it idle, so that the next hint on it reports again. For the priority policy's hand
     /// that sorts pages which became resident without a hint.
     fn watch(&self, vpn: usize) -> u8;
+
+    /// The page's working-set level: recent refaults in a row when it was last installed
+    /// (0: it came back long after its eviction, or was never evicted).
+    fn level(&self, _vpn: usize) -> u8 {
+        0
+    }
+
+    /// Is the page resident? Policies keep entries of pages discarded since they arrived
+    /// (the reclaimer forgets them when they come up); one that holds pages apart from its
+    /// hand checks now and then.
+    fn present(&self, _vpn: usize) -> bool {
+        true
+    }
 }
 
 /// Pages are named by their virtual page number (unique across regions).
 pub(crate) trait Policy: Send {
     /// Pages just became resident; `prio` is the hint's eviction priority (0 if none).
     fn insert(&mut self, vpns: &[usize], prio: u8);
+
+    /// Pages just became resident through a miss: a fetch or a first touch, `demanded` by
+    /// a fault or hint or else read ahead (`bits` tells their working-set level). Policies
+    /// that do not learn from misses take them as [`Policy::insert`].
+    fn insert_missed(&mut self, vpns: &[usize], prio: u8, _demanded: bool, _bits: &dyn UseBits) {
+        self.insert(vpns, prio);
+    }
+
+    /// Pages held in a protected band (see `dueling.rs`; entries of pages discarded since
+    /// included).
+    fn protected(&self) -> usize {
+        0
+    }
 
     /// Remove and return up to `n` eviction candidates, best victim first. The reclaimer
     /// hands back the ones it could not evict right now through [`Policy::reinsert`].

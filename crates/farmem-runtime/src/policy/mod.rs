@@ -10,6 +10,7 @@
 //! comes back was not used in between.
 
 mod clock;
+mod dueling;
 mod fifo;
 mod interface;
 mod lru;
@@ -46,11 +47,22 @@ pub(crate) mod testing {
     pub struct FakeBits {
         used: RefCell<HashSet<usize>>,
         prio: RefCell<HashMap<usize, u8>>,
+        level: RefCell<HashMap<usize, u8>>,
+        gone: RefCell<HashSet<usize>>,
     }
 
     impl FakeBits {
         pub fn touch(&self, vpns: &[usize]) {
             self.used.borrow_mut().extend(vpns.iter().copied());
+        }
+
+        /// The page was discarded: no longer resident.
+        pub fn discard(&self, vpn: usize) {
+            self.gone.borrow_mut().insert(vpn);
+        }
+
+        pub fn set_level(&self, vpn: usize, level: u8) {
+            self.level.borrow_mut().insert(vpn, level);
         }
 
         pub fn hint_prio(&self, vpn: usize, prio: u8) {
@@ -66,6 +78,14 @@ pub(crate) mod testing {
 
         fn watch(&self, vpn: usize) -> u8 {
             self.prio.borrow().get(&vpn).copied().unwrap_or(0)
+        }
+
+        fn level(&self, vpn: usize) -> u8 {
+            self.level.borrow().get(&vpn).copied().unwrap_or(0)
+        }
+
+        fn present(&self, vpn: usize) -> bool {
+            !self.gone.borrow().contains(&vpn)
         }
     }
 

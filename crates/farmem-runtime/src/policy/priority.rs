@@ -19,6 +19,7 @@
 use std::collections::HashMap;
 
 use super::clock::Ring;
+use super::dueling::Dueling;
 use super::interface::{Policy, UseBits};
 
 const LEVELS: usize = 8;
@@ -32,7 +33,10 @@ const LOOKS_PER_VICTIM: usize = 2;
 
 #[derive(Default)]
 pub struct Priority {
-    levels: [Ring; LEVELS],
+    /// Level 0: second chance, or with a protected band (`dueling.rs`).
+    level0: Dueling,
+    /// Levels 1 and up (`upper[0]` is level 1).
+    upper: [Ring; LEVELS - 1],
     /// Level of each page handed out by the last `take_victims`, so that one the reclaimer
     /// could not evict goes back to its own level.
     last_taken: HashMap<usize, u8>,
@@ -41,15 +45,22 @@ pub struct Priority {
 }
 
 impl Priority {
+    fn push(&mut self, level: usize, vpn: usize) {
+        match level {
+            0 => self.level0.push(vpn),
+            l => self.upper[l - 1].push(vpn),
+        }
+    }
+
     /// Look at up to `looks` pages of level 0 and move those with a priority to its level.
     fn sort_level0(&mut self, looks: usize, bits: &dyn UseBits) {
         // Only a program that gives priorities has pages to sort; the looks of this hand
         // would otherwise only disturb level 0's order.
-        if self.area_prio.is_empty() && self.levels[1..].iter().all(|r| r.len() == 0) {
+        if self.area_prio.is_empty() && self.upper.iter().all(|r| r.len() == 0) {
             return;
         }
-        for _ in 0..looks.min(self.levels[0].len()) {
-            let Some(v) = self.levels[0].pop_front() else {
+        for _ in 0..looks.min(self.level0.len()) {
+            let Some(v) = self.level0.pop_front() else {
                 break;
             };
             let area = v >> AREA_SHIFT;
@@ -63,7 +74,7 @@ impl Priority {
                     p
                 }
             };
-            self.levels[level as usize].push(v);
+            self.push(level as usize, v);
         }
     }
 }
@@ -81,7 +92,22 @@ impl Policy for Priority {
                 }
             }
         }
-        self.levels[level].extend(vpns);
+        match level {
+            0 => self.level0.extend(vpns),
+            l => self.upper[l - 1].extend(vpns),
+        }
+    }
+
+    fn insert_missed(&mut self, vpns: &[usize], prio: u8, demanded: bool, bits: &dyn UseBits) {
+        if prio == 0 {
+            self.level0.insert_missed(vpns, demanded, bits);
+        } else {
+            self.insert(vpns, prio);
+        }
+    }
+
+    fn protected(&self) -> usize {
+        self.level0.protected()
     }
 
     fn take_victims(&mut self, n: usize, out: &mut Vec<usize>, bits: &dyn UseBits) {
@@ -93,7 +119,10 @@ impl Policy for Priority {
                 break;
             }
             let from = out.len();
-            taken += self.levels[level].take(n - taken, out, bits);
+            taken += match level {
+                0 => self.level0.take(n - taken, out, bits),
+                l => self.upper[l - 1].take(n - taken, out, bits),
+            };
             for &v in &out[from..] {
                 self.last_taken.insert(v, level as u8);
             }
@@ -102,11 +131,12 @@ impl Policy for Priority {
 
     fn reinsert(&mut self, vpn: usize) {
         let level = self.last_taken.get(&vpn).copied().unwrap_or(0) as usize;
-        self.levels[level].push(vpn);
+        self.push(level, vpn);
     }
 
     fn remove_range(&mut self, first: usize, n: usize) {
-        for l in &mut self.levels {
+        self.level0.remove_range(first, n);
+        for l in &mut self.upper {
             l.remove_range(first, n);
         }
         self.last_taken.retain(|&v, _| v < first || v >= first + n);
@@ -118,7 +148,7 @@ impl Policy for Priority {
     }
 
     fn len(&self) -> usize {
-        self.levels.iter().map(Ring::len).sum()
+        self.level0.len() + self.upper.iter().map(Ring::len).sum::<usize>()
     }
 
     fn name(&self) -> &'static str {
