@@ -49,19 +49,19 @@ impl Book {
         &self.shards[crate::page::table::owner_id() as usize % SHARDS].0
     }
 
-    /// Pages `vpns` were installed with priority `prio`, demanded (by a fault or hint) or
-    /// read ahead, by a fetch that took `ns` nanoseconds (none for prefetches completed
-    /// later). Returns true when this thread's queue is long enough that the control thread
-    /// should drain it.
+    /// Pages were installed with priority `prio`, each with whether it was demanded (by a
+    /// fault or hint) or read ahead, by a fetch that took `ns` nanoseconds (none for
+    /// prefetches completed later). Returns true when this thread's queue is long enough
+    /// that the control thread should drain it.
     pub(crate) fn note_fetched(
         &self,
-        vpns: impl Iterator<Item = usize>,
+        pages: impl Iterator<Item = (usize, bool)>,
         prio: u8,
-        demanded: bool,
         ns: Option<u64>,
     ) -> bool {
         let mut q = self.mine().lock();
-        q.inserted.extend(vpns.map(|v| (v, prio, demanded)));
+        q.inserted
+            .extend(pages.map(|(v, demanded)| (v, prio, demanded)));
         q.fetch_ns.extend(ns);
         q.inserted.len() >= DRAIN_AT
     }
@@ -116,9 +116,9 @@ mod tests {
         let book = Book::default();
         let stats = Stats::default();
         let mut p = crate::policy::build(PolicyKind::Fifo);
-        book.note_fetched([10, 11, 12].into_iter(), 0, true, Some(1000));
+        book.note_fetched([10, 11, 12].map(|v| (v, true)).into_iter(), 0, Some(1000));
         std::thread::scope(|s| {
-            s.spawn(|| book.note_fetched([50, 51].into_iter(), 3, false, Some(2000)));
+            s.spawn(|| book.note_fetched([50, 51].map(|v| (v, false)).into_iter(), 3, Some(2000)));
         });
         assert_eq!(book.queued(), 5);
         assert!(p.is_empty(), "nothing reaches the policy before a drain");
@@ -135,7 +135,7 @@ mod tests {
     #[test]
     fn a_long_queue_asks_for_a_drain() {
         let book = Book::default();
-        assert!(!book.note_fetched(0..10, 0, true, None));
-        assert!(book.note_fetched(10..DRAIN_AT + 10, 0, true, None));
+        assert!(!book.note_fetched((0..10).map(|v| (v, true)), 0, None));
+        assert!(book.note_fetched((10..DRAIN_AT + 10).map(|v| (v, true)), 0, None));
     }
 }

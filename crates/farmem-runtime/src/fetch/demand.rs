@@ -263,18 +263,12 @@ fn fetch_locked(
     // Bookkeeping is queued, not done here: the policy and the histogram are shared with
     // every other fetching thread and the reclaimer (PFA's minimal fault path).
     let ns = t0.elapsed().as_nanos() as u64;
-    let (demanded, ahead) = batch.split_at(n_demand.min(batch.len()));
-    let full = st
-        .book
-        .note_fetched(demanded.iter().map(|l| l.vpn), req.prio, true, Some(ns));
-    if full
-        | st.book.note_fetched(
-            ahead.iter().map(|l| l.vpn),
-            req.prio,
-            req.readahead_trusted,
-            None,
-        )
-    {
+    // The first `n_demand` pages were demanded; the rest were read ahead.
+    let pages = batch
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (l.vpn, i < n_demand || req.readahead_trusted));
+    if st.book.note_fetched(pages, req.prio, Some(ns)) {
         st.kick_control();
     }
     Ok(batch.len())

@@ -259,7 +259,7 @@ fn complete(st: &State, mut b: Batch) -> Result<()> {
     phases::install_phase(st, &b.reg, &req, &b.pages, b.read, give_buf)?;
     if st
         .book
-        .note_fetched(b.pages.iter().map(|l| l.vpn), b.prio, false, None)
+        .note_fetched(b.pages.iter().map(|l| (l.vpn, false)), b.prio, None)
     {
         st.kick_control();
     }
