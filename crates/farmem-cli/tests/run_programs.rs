@@ -5,7 +5,8 @@
 //!
 //! Programs (absolute paths, never whatever is first on PATH): /usr/bin/python3 (package
 //! python3), /usr/bin/sort (coreutils), /usr/bin/sqlite3 (sqlite3), /usr/bin/memcached
-//! (memcached). A missing one fails the test with the package to install.
+//! (memcached), /usr/bin/node (nodejs), /usr/bin/java (openjdk-17-jdk-headless). A missing
+//! one fails the test with the package to install.
 //!
 //! Sizes are chosen so that the whole file takes a few minutes on a 2-core machine, where a
 //! program under farmem at 25% runs 1.5-40x slower than natively. Nothing here asserts timing;
@@ -92,6 +93,57 @@ fn python_multiprocessing_fork_pool() {
         "[run_programs] fork: {} far pages brought back for the forked workers",
         far.stat("fork_fetched_pages").unwrap_or(0)
     );
+}
+
+/// Language runtimes with heaps of their own (V8, the JVM) reserve their heap `PROT_NONE`
+/// and commit it piece by piece: that memory must be far memory too, or their heaps escape
+/// the budget. Evicted pages must then be a good part of the program's memory (before,
+/// node at a quarter of its peak evicted nothing and held its whole heap).
+fn assert_heap_was_far(native: &Finished, far: &Finished) {
+    let evicted = far.stat("pages_evicted").unwrap_or(0) * 4096;
+    assert!(
+        evicted >= native.peak_rss / 2,
+        "{}: {evicted} bytes evicted for a native peak of {} bytes: its heap was not far \
+         memory",
+        far.label,
+        native.peak_rss
+    );
+}
+
+/// node (V8): a Map of a million small objects and strings, read at random, verified.
+/// node_heap.js 600000: about 220 MiB natively (1 s); at 25% it faults through V8's
+/// collections (5-15 s). Linux swap to zram at the same limit was OOM-killed here.
+#[test]
+fn node_heap_of_small_objects() {
+    let s = Scratch::new("node-heap");
+    let prog = Prog::new(require("/usr/bin/node", "nodejs"))
+        .arg(program_file("node_heap.js"))
+        .arg("600000");
+    let (native, far) = native_then_quarter("node node_heap.js", &prog, &s);
+    assert!(
+        String::from_utf8_lossy(&native.stdout).contains("600000 entries verified"),
+        "unexpected output: {}",
+        String::from_utf8_lossy(&native.stdout)
+    );
+    assert_heap_was_far(&native, &far);
+}
+
+/// java (HotSpot, G1): 192 MiB of large arrays and a map of small objects, read at random,
+/// every word verified; run from source (the JDK's source launcher).
+#[test]
+fn java_heap_of_arrays_and_objects() {
+    let s = Scratch::new("java-heap");
+    let prog = Prog::new(require("/usr/bin/java", "openjdk-17-jdk-headless"))
+        .arg("-Xmx1g")
+        .arg(program_file("java_heap.java"))
+        .arg("192");
+    let (native, far) = native_then_quarter("java java_heap.java", &prog, &s);
+    assert!(
+        String::from_utf8_lossy(&native.stdout).contains("192 MiB verified"),
+        "unexpected output: {}",
+        String::from_utf8_lossy(&native.stdout)
+    );
+    assert_heap_was_far(&native, &far);
 }
 
 /// Deterministic lines for sort: a pseudo-random hex key, the line number, some text.

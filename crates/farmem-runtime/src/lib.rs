@@ -60,6 +60,7 @@ mod regions;
 mod registry;
 mod state;
 mod thread;
+mod unreadable;
 mod watchdog;
 mod workers;
 mod workingset;

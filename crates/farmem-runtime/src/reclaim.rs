@@ -222,7 +222,14 @@ fn evict_step(st: &State, cands: &[usize]) -> usize {
     let mut victims = Vec::with_capacity(cands.len());
     let mut busy = Vec::new();
     let refusing = far_refusing(st);
+    // Held until the step's pages are unmapped: no protection drops under a page read here.
+    let unreadable = st.unreadable.read();
     for &v in cands {
+        if unreadable.contains(v) {
+            // Its contents cannot be read to evict it: it stays until readable or discarded.
+            busy.push(v);
+            continue;
+        }
         let slot = table::slot(v);
         match slot.try_lock(0) {
             Ok(old) if refusing && old.is_present() && old.is_dirty() => {

@@ -168,6 +168,7 @@ impl Runtime {
             backend,
             policy: Mutex::new(policy::build(cfg.policy)),
             inherited: Default::default(),
+            unreadable: Default::default(),
             inherited_since_ns: AtomicU64::new(0),
             book: Default::default(),
             // Recency policies put a fault's pages on probation unless they are refaults
@@ -486,6 +487,18 @@ impl Runtime {
         self.state()
             .extents
             .forget(first, addr.saturating_add(len).div_ceil(PAGE_SIZE));
+    }
+
+    /// Set the protection of `[addr, addr+len)` (part of this runtime's far memory) to `prot`,
+    /// as `mprotect` does. Pages that the program cannot read are not evicted while so (the
+    /// runtime reads a page to evict it): use this rather than `mprotect` on far memory.
+    /// Returns the errno of a failed `mprotect`.
+    pub fn protect(&self, addr: usize, len: usize, prot: i32) -> std::result::Result<(), i32> {
+        let _scope = LockScope::enter();
+        self.state().unreadable.change(addr, len, prot, || {
+            // SAFETY: the caller's own mapping; protections do not move or free memory.
+            unsafe { farmem_sys::mem::sys_mprotect(addr, len, prot) }.map(|_| ())
+        })
     }
 
     /// Discard the contents of the pages of `[addr, addr+len)` that belong to this runtime's

@@ -32,6 +32,8 @@ pub(crate) struct State {
     /// order then: evicted only once the policy has no other victim (`inherited.rs`).
     /// Entries may be stale (evicted, or their region gone): eviction checks each page.
     pub inherited: Mutex<std::collections::VecDeque<usize>>,
+    /// Ranges the program made unreadable, which eviction leaves resident (`unreadable.rs`).
+    pub unreadable: crate::unreadable::Unreadable,
     /// When pages were last set aside (`now_ns`), for their rejoin (`inherited.rs`).
     pub inherited_since_ns: AtomicU64,
     /// Bookkeeping deferred off the fetch path, drained into `policy` (see `book.rs`).

@@ -4,6 +4,9 @@
 //! (from `include/uapi/linux/userfaultfd.h`) and features are detected at run time.
 
 use std::io;
+
+/// The page size the copies work in (the runtime's pages).
+const PAGE: usize = 4096;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 const UFFDIO: u64 = 0xAA;
@@ -264,6 +267,15 @@ impl Uffd {
                     if c.copy > 0 {
                         done += c.copy as usize;
                     }
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) && len - done > PAGE => {
+                    // One copy must stay within one mapping: the range crosses mappings
+                    // split by protection (a program that commits parts of a reservation
+                    // with `mprotect`: V8, the JVM). Page by page, each in one mapping.
+                    for off in (done..len).step_by(PAGE) {
+                        self.copy(dst + off, src.wrapping_add(off), PAGE, mode)?;
+                    }
+                    return Ok(());
                 }
                 Err(e) => return Err(e),
             }

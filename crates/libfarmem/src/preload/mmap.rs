@@ -55,6 +55,27 @@ fn is_heap_like(len: usize, prot: c_int, flags: c_int) -> bool {
         && prot == libc::PROT_READ | libc::PROT_WRITE
 }
 
+/// The smallest inaccessible mapping taken for a reservation: smaller ones are guard pages,
+/// left to the kernel. V8 reserves each 256 KiB page of its heap with 508 KiB.
+const MIN_RESERVATION: usize = 64 << 10;
+
+/// An allocator's reservation of address space, committed later (`mprotect`, or a fixed
+/// mapping over it): V8 and the JVM make their heaps so. Taken into far memory, or their
+/// heaps would escape the budget (node at a 160 MiB budget held 592 MiB resident).
+fn is_reservation(len: usize, prot: c_int, flags: c_int) -> bool {
+    const NOT: c_int = libc::MAP_SHARED
+        | libc::MAP_FIXED
+        | libc::MAP_FIXED_NOREPLACE
+        | libc::MAP_STACK
+        | libc::MAP_GROWSDOWN
+        | libc::MAP_HUGETLB;
+    len >= MIN_RESERVATION
+        && flags & libc::MAP_ANONYMOUS != 0
+        && flags & libc::MAP_PRIVATE != 0
+        && flags & NOT == 0
+        && prot == libc::PROT_NONE
+}
+
 /// Hand out a fresh (all-zero) range of the direct part.
 fn far_map(len: usize) -> Option<usize> {
     let len = vspace::page_round(len);
@@ -81,6 +102,15 @@ pub unsafe extern "C" fn mmap(
     fd: c_int,
     off: libc::off_t,
 ) -> *mut c_void {
+    if active() && is_reservation(len, prot, flags) {
+        let got = vspace::SPACE
+            .lock()
+            .as_mut()
+            .and_then(|s| s.reserve(vspace::page_round(len)));
+        if let Some(a) = got {
+            return a as *mut c_void;
+        }
+    }
     if active() && is_heap_like(len, prot, flags) {
         if let Some(a) = far_map(len) {
             return a as *mut c_void;
@@ -95,11 +125,40 @@ pub unsafe extern "C" fn mmap(
         }
     }
     let fixed = flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) != 0;
+    if fixed && vspace::overlaps(addr as usize, len) && active() {
+        if let Some(r) = fixed_over_far(addr as usize, len, prot, flags) {
+            return r;
+        }
+        if in_direct(addr as usize, len)
+            && flags & libc::MAP_FIXED_NOREPLACE == 0
+            && vspace::SPACE
+                .lock()
+                .as_mut()
+                .is_some_and(|s| s.make_foreign(addr as usize, vspace::page_round(len)))
+        {
+            // Inside a reservation no far memory shares: the kernel's to map.
+            return match mem::sys_mmap(addr as usize, len, prot, flags, fd, off) {
+                Ok(a) => a as *mut c_void,
+                Err(e) => fail(e),
+            };
+        }
+        if let Some(r) = private_file_over_far(addr as usize, len, prot, flags, fd, off) {
+            return r;
+        }
+    }
     if fixed && vspace::overlaps(addr as usize, len) {
         // Replacing part of the far address space would pull pages from under the runtime.
         {
             static ONCE: AtomicBool = AtomicBool::new(false);
-            warn_once(&ONCE, "a fixed mapping over far memory was refused");
+            warn_once(
+                &ONCE,
+                &format!(
+                    "a fixed mapping over far memory was refused ({len} bytes at {:#x}, \
+                     prot {prot:#x}, flags {flags:#x}, fd {fd}): only anonymous private \
+                     mappings can replace far memory",
+                    addr as usize
+                ),
+            );
         }
         return fail(libc::ENOMEM);
     }
@@ -107,6 +166,108 @@ pub unsafe extern "C" fn mmap(
         Ok(a) => a as *mut c_void,
         Err(e) => fail(e),
     }
+}
+
+/// The largest private file mapping copied into far memory (see `private_file_over_far`).
+const MAX_FILE_COPY: usize = 64 << 20;
+
+/// A private file mapping at a fixed address in far memory (the JVM maps its archived heap
+/// objects over heap it committed): a private mapping's pages are copies of the file, and
+/// whether later changes to the file show through is unspecified (POSIX), so a copy read
+/// into fresh far memory is such a mapping. Up to [`MAX_FILE_COPY`] bytes; None: not one.
+fn private_file_over_far(
+    a: usize,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: libc::off_t,
+) -> Option<*mut c_void> {
+    if flags & libc::MAP_PRIVATE == 0
+        || flags & (libc::MAP_ANONYMOUS | libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE) != 0
+        || len > MAX_FILE_COPY
+        || !in_direct(a, len)
+    {
+        return None;
+    }
+    let rw = libc::PROT_READ | libc::PROT_WRITE;
+    let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED;
+    match fixed_over_far(a, len, rw, anon) {
+        Some(r) if r == a as *mut c_void => {}
+        other => return other,
+    }
+    let mut done = 0;
+    while done < len {
+        // SAFETY: `[a, a+len)` is ours, readable and writable; the kernel fills it through
+        // the fault path like any read into far memory.
+        let n = unsafe {
+            libc::pread(
+                fd,
+                (a + done) as *mut c_void,
+                len - done,
+                off + done as libc::off_t,
+            )
+        };
+        match n {
+            0 => break, // past the end of the file: zeros, as the rest of its last page
+            n if n > 0 => done += n as usize,
+            _ if super::errno() == libc::EINTR => {}
+            _ => return Some(fail(super::errno())),
+        }
+    }
+    let r = vspace::SPACE.lock().as_ref().map_or(Ok(()), |s| {
+        s.set_protection(a, vspace::page_round(len), prot)
+    });
+    Some(match r {
+        Ok(()) => a as *mut c_void,
+        Err(e) => fail(e),
+    })
+}
+
+/// Whether `[a, a+len)` is page-aligned and inside the direct part of the far space.
+fn in_direct(a: usize, len: usize) -> bool {
+    let (_, direct, end) = vspace::bounds();
+    a.is_multiple_of(PAGE_SIZE) && a >= direct && a.saturating_add(len) <= end
+}
+
+/// A fixed anonymous private mapping inside the direct part: a fresh mapping replacing what
+/// was there, as allocators commit (the JVM: readable and writable) and decommit (V8 and
+/// the JVM: `PROT_NONE`) parts of their reservations. The range's contents are discarded
+/// and its protection set; it stays far memory. None: not such a mapping.
+fn fixed_over_far(a: usize, len: usize, prot: c_int, flags: c_int) -> Option<*mut c_void> {
+    let anon_private = flags & libc::MAP_ANONYMOUS != 0
+        && flags & libc::MAP_PRIVATE != 0
+        && flags & (libc::MAP_SHARED | libc::MAP_HUGETLB | libc::MAP_GROWSDOWN) == 0;
+    if !anon_private || !in_direct(a, len) {
+        return None;
+    }
+    if flags & libc::MAP_FIXED_NOREPLACE != 0 {
+        return Some(fail(libc::EEXIST));
+    }
+    let len = vspace::page_round(len);
+    if vspace::SPACE
+        .lock()
+        .as_ref()
+        .is_none_or(|s| s.pieces(a, len).iter().any(|p| p.2))
+    {
+        return None; // ordinary memory there: the kernel's (see `make_foreign`)
+    }
+    let rt = vspace::runtime();
+    // Fresh memory reads as zeros: the old contents go first.
+    vspace::discard(rt.as_ref(), a, len);
+    let mut space = vspace::SPACE.lock();
+    let s = space.as_mut()?;
+    if prot != libc::PROT_NONE {
+        if let Err(e) = s.ensure_usable(a, len) {
+            tracing::error!("{e}");
+            return Some(fail(libc::ENOMEM));
+        }
+    }
+    s.note_allocated(a, len, prot != libc::PROT_NONE);
+    Some(match s.set_protection(a, len, prot) {
+        Ok(()) => a as *mut c_void,
+        Err(e) => fail(e),
+    })
 }
 
 /// # Safety
@@ -169,7 +330,25 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
         }
         if m_end > heaps_end {
             let s = mid.0.max(heaps_end);
-            far_unmap(s, m_end - s);
+            let pieces = vspace::SPACE
+                .lock()
+                .as_ref()
+                .map(|sp| sp.pieces(s, m_end - s))
+                .unwrap_or_default();
+            for (p, l, foreign) in pieces {
+                if foreign {
+                    // The kernel's mapping goes; the reservation stays, never handed out.
+                    let flags = libc::MAP_PRIVATE
+                        | libc::MAP_ANONYMOUS
+                        | libc::MAP_NORESERVE
+                        | libc::MAP_FIXED;
+                    if let Err(e) = mem::sys_mmap(p, l, libc::PROT_NONE, flags, -1, 0) {
+                        return rc(Err(e));
+                    }
+                } else {
+                    far_unmap(p, l);
+                }
+            }
         }
     }
     0
@@ -243,6 +422,14 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
             }
         }
     }
+    if mid.1 > 0 && has_foreign(mid.0, mid.1) {
+        // Ordinary memory in part (see `make_foreign`): advice goes to the kernel, and
+        // discards to the runtime too (no-ops for pages it does not hold).
+        // SAFETY: advice on the caller's own mapping.
+        if let Err(e) = unsafe { mem::sys_madvise(mid.0, mid.1, advice) } {
+            return rc(Err(e));
+        }
+    }
     match advice {
         libc::MADV_DONTNEED | libc::MADV_FREE | libc::MADV_REMOVE => {
             vspace::discard(vspace::runtime().as_ref(), mid.0, mid.1);
@@ -262,17 +449,63 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
 #[no_mangle]
 pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
     let a = addr as usize;
-    if vspace::overlaps(a, len) && prot & libc::PROT_READ == 0 && active() {
-        // The runtime copies dirty pages out by reading them: an unreadable page of far
-        // memory could not be evicted. Allowed (it is the program's memory), but said.
-        {
-            static ONCE: AtomicBool = AtomicBool::new(false);
-            warn_once(
-                &ONCE,
-                "mprotect without PROT_READ on far memory; such pages must not be dirty",
-            );
+    if !vspace::overlaps(a, len) || !a.is_multiple_of(PAGE_SIZE) || !active() {
+        // SAFETY: the caller's own mapping.
+        return rc(unsafe { mem::sys_mprotect(a, len, prot) });
+    }
+    let [lo, mid, hi] = split(a, vspace::page_round(len));
+    for (s, l) in [lo, hi] {
+        if l > 0 {
+            // SAFETY: the caller's own mapping.
+            if let Err(e) = unsafe { mem::sys_mprotect(s, l, prot) } {
+                return rc(Err(e));
+            }
         }
     }
-    // SAFETY: the caller's own mapping.
-    rc(unsafe { mem::sys_mprotect(a, len, prot) })
+    if mid.1 == 0 {
+        return 0;
+    }
+    let (_, direct, _) = vspace::bounds();
+    let mut space = vspace::SPACE.lock();
+    let Some(s) = space.as_mut() else {
+        // SAFETY: the caller's own mapping.
+        return rc(unsafe { mem::sys_mprotect(mid.0, mid.1, prot) });
+    };
+    let pieces = if mid.0 >= direct {
+        s.pieces(mid.0, mid.1)
+    } else {
+        vec![(mid.0, mid.1, false)]
+    };
+    for (p, l, foreign) in pieces {
+        let r = if foreign {
+            // SAFETY: ordinary memory of the caller's (see `make_foreign`).
+            unsafe { mem::sys_mprotect(p, l, prot) }.map(|_| ())
+        } else {
+            if p >= direct && prot != libc::PROT_NONE {
+                // A reservation committed: its chunks become far memory now.
+                if let Err(e) = s.ensure_usable(p, l) {
+                    tracing::error!("{e}");
+                    return rc(Err(libc::ENOMEM));
+                }
+                s.note_allocated(p, l, true);
+            }
+            // Through the runtime: pages the program cannot read must not be evicted.
+            s.set_protection(p, l, prot)
+        };
+        if let Err(e) = r {
+            return rc(Err(e));
+        }
+    }
+    0
+}
+
+/// Whether `[a, a+len)` touches a foreign chunk of the direct part (see `make_foreign`).
+fn has_foreign(a: usize, len: usize) -> bool {
+    let (_, direct, _) = vspace::bounds();
+    let (s, l) = (a.max(direct), (a + len).saturating_sub(a.max(direct)));
+    l > 0
+        && vspace::SPACE
+            .lock()
+            .as_ref()
+            .is_some_and(|sp| sp.pieces(s, l).iter().any(|p| p.2))
 }

@@ -82,6 +82,11 @@ pub(crate) fn next_symbol(slot: &std::sync::atomic::AtomicUsize, name: &std::ffi
     f
 }
 
+pub(crate) fn errno() -> i32 {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() }
+}
+
 pub(crate) fn set_errno(e: i32) {
     // SAFETY: __errno_location returns this thread's errno slot.
     unsafe { *libc::__errno_location() = e };

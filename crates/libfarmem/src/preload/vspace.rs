@@ -103,6 +103,21 @@ pub struct Space {
     top: usize,
     /// Blocks of `malloc` served here (too large for mimalloc), by start.
     pub large: BTreeMap<usize, LargeBlock>,
+    /// Parts of reservations (`PROT_NONE` mappings handed out here) in chunks not yet
+    /// registered, start -> end: registering a chunk maps it readable and writable whole,
+    /// and these must stay inaccessible until the program commits them.
+    reserved: BTreeMap<usize, usize>,
+    /// Whether a reservation was ever handed out: until then every free range of a
+    /// registered chunk is readable and writable, and releasing one needs no `mprotect`.
+    reservations: bool,
+    /// Large reservations handed out (start -> end, what the program has not given back):
+    /// address space freed in their chunks is not handed out again while they live, so
+    /// that their chunks stay free of far memory (see `take_fresh`).
+    big: BTreeMap<usize, usize>,
+    /// Chunks holding a mapping the kernel made at the program's request inside a
+    /// reservation (a file mapped at a fixed address: V8's builtins, the JVM's class data
+    /// archive): never registered, their memory is ordinary memory (bit per chunk).
+    foreign: Vec<u64>,
     /// Bounds of the whole reservation (copies of BASE and END).
     base: usize,
     end: usize,
@@ -130,6 +145,10 @@ pub fn init(rt: Runtime) -> Result<(usize, usize), String> {
         by_size: BTreeSet::new(),
         top: base + MI_SPACE + super::fine::SPACE,
         large: BTreeMap::new(),
+        reserved: BTreeMap::new(),
+        reservations: false,
+        big: BTreeMap::new(),
+        foreign: vec![0; nchunks.div_ceil(64)],
         base,
         end: base + total,
     });
@@ -167,6 +186,11 @@ impl Space {
                 continue;
             }
             let at = base + c * CHUNK;
+            if self.foreign[c / 64] & (1 << (c % 64)) != 0 {
+                return Err(format!(
+                    "{at:#x} is in a chunk holding a mapping farmem does not manage"
+                ));
+            }
             match &self.rt {
                 Some(rt) => {
                     // SAFETY: the chunk is part of our reservation and not in use.
@@ -181,8 +205,178 @@ impl Space {
                 }
             }
             self.registered[c / 64] |= 1 << (c % 64);
+            self.protect_reserved_in(at, at + CHUNK);
         }
         Ok(())
+    }
+
+    fn is_foreign(&self, addr: usize) -> bool {
+        let c = (addr - self.base) / CHUNK;
+        self.foreign[c / 64] & (1 << (c % 64)) != 0
+    }
+
+    /// `[a, a+len)` (in the direct part) cut at chunk boundaries, each piece with whether
+    /// its chunk is foreign (ordinary memory, see `foreign`).
+    pub fn pieces(&self, a: usize, len: usize) -> Vec<(usize, usize, bool)> {
+        let mut out: Vec<(usize, usize, bool)> = Vec::new();
+        let mut at = a;
+        while at < a + len {
+            let to = (((at - self.base) / CHUNK + 1) * CHUNK + self.base).min(a + len);
+            let f = self.is_foreign(at);
+            match out.last_mut() {
+                Some((_, l, lf)) if *lf == f => *l += to - at,
+                _ => out.push((at, to - at, f)),
+            }
+            at = to;
+        }
+        out
+    }
+
+    /// Let the kernel map something the runtime cannot manage (a file, shared memory) at
+    /// `[a, a+len)`, inside the direct part: possible where no chunk it touches is
+    /// registered; those chunks become foreign. False: some chunk is far memory already.
+    pub fn make_foreign(&mut self, a: usize, len: usize) -> bool {
+        let (first, last) = (
+            (a - self.base) / CHUNK,
+            (a + len - self.base).div_ceil(CHUNK),
+        );
+        if (first..last).any(|c| self.registered[c / 64] & (1 << (c % 64)) != 0) {
+            return false;
+        }
+        for c in first..last {
+            self.foreign[c / 64] |= 1 << (c % 64);
+        }
+        // Never registered, these chunks need no reprotection; and none of their address
+        // space is handed out again (what is free there stays unused: address space is
+        // plentiful, and far memory there is impossible).
+        let (from, to) = (first * CHUNK + self.base, last * CHUNK + self.base);
+        take_overlap(&mut self.reserved, from, to);
+        let free: Vec<(usize, usize)> = self
+            .by_addr
+            .range(..to)
+            .rev()
+            .take_while(|&(&fs, &fl)| fs + fl > from)
+            .map(|(&fs, &fl)| (fs, fl))
+            .collect();
+        for (fs, fl) in free {
+            self.remove_free(fs, fl);
+            self.insert_free(fs, from.saturating_sub(fs).min(fl));
+            if fs + fl > to {
+                self.insert_free(to, fs + fl - to);
+            }
+        }
+        if self.top > from && self.top < to {
+            self.top = to;
+        }
+        true
+    }
+
+    fn chunk_start(&self, addr: usize) -> usize {
+        self.base + (addr - self.base) / CHUNK * CHUNK
+    }
+
+    /// Given back but not handed out again: its pages discarded by the caller, its
+    /// protection left alone, its extent forgotten.
+    fn take_back(&mut self, a: usize, len: usize) {
+        self.note_allocated(a, len, false);
+        take_overlap(&mut self.reserved, a, a + len);
+    }
+
+    fn is_registered(&self, addr: usize) -> bool {
+        let c = (addr - self.base) / CHUNK;
+        self.registered[c / 64] & (1 << (c % 64)) != 0
+    }
+
+    /// The chunk `[from, to)` was just made readable and writable whole: its reservations'
+    /// uncommitted parts become inaccessible again.
+    fn protect_reserved_in(&mut self, from: usize, to: usize) {
+        let parts: Vec<(usize, usize)> = take_overlap(&mut self.reserved, from, to);
+        for (s, e) in parts {
+            if let Err(e) = self.set_protection(s, e - s, libc::PROT_NONE) {
+                tracing::error!("protecting a reservation at {s:#x}: errno {e}");
+            }
+        }
+    }
+
+    /// `mprotect` of far memory, through the runtime where there is one (it must not read
+    /// pages the program cannot).
+    pub fn set_protection(&self, a: usize, len: usize, prot: i32) -> Result<(), i32> {
+        match &self.rt {
+            Some(rt) => rt.protect(a, len, prot),
+            // SAFETY: part of our reservation, handed out to the program.
+            None => unsafe { mem::sys_mprotect(a, len, prot) }.map(|_| ()),
+        }
+    }
+
+    /// Hand out `len` bytes (page multiple) of address space that the program cannot
+    /// access until it commits parts of it (`mprotect`, or a fixed mapping over it): an
+    /// allocator's reservation, as V8's heap pages and the JVM's heap are made. Nothing is
+    /// registered for it yet (registering writes page metadata: a JVM reserves its largest
+    /// heap up front).
+    pub fn reserve(&mut self, len: usize) -> Option<usize> {
+        let a = if len >= CHUNK {
+            let a = self.take_fresh(len)?;
+            self.big.insert(a, a + len);
+            a
+        } else {
+            self.take_range(len, PAGE_SIZE)?
+        };
+        self.reservations = true;
+        let mut at = a;
+        while at < a + len {
+            let to = ((at - self.base) / CHUNK + 1) * CHUNK + self.base;
+            let to = to.min(a + len);
+            if self.is_registered(at) {
+                // Free ranges of registered chunks are readable and writable.
+                if let Err(e) = self.set_protection(at, to - at, libc::PROT_NONE) {
+                    tracing::error!("protecting a reservation at {at:#x}: errno {e}");
+                }
+            } else {
+                // Still part of the inaccessible reservation of the whole space.
+                self.reserved.insert(at, to);
+            }
+            at = to;
+        }
+        Some(a)
+    }
+
+    /// `len` bytes from the top, in chunks of their own never registered: a large
+    /// reservation may get files mapped into it at fixed addresses (the JVM maps its class
+    /// data archive at the start of one), which only chunks that are not far memory can
+    /// take (`make_foreign`).
+    fn take_fresh(&mut self, len: usize) -> Option<usize> {
+        let mut a = align_up(self.top, CHUNK);
+        while a < self.end && self.is_registered(a) {
+            a += CHUNK;
+        }
+        if a.checked_add(len)? > self.end {
+            return None;
+        }
+        let old_top = self.top;
+        self.top = a + len;
+        self.insert_free(old_top, a - old_top);
+        Some(a)
+    }
+
+    /// Make `[a, a+len)` of the direct part (given back, or its contents discarded) hold
+    /// no reservation any more: readable and writable where registered, as every free range
+    /// of a registered chunk is.
+    fn unreserve(&mut self, a: usize, len: usize) {
+        if !self.reservations {
+            return;
+        }
+        take_overlap(&mut self.reserved, a, a + len);
+        let mut at = a;
+        while at < a + len {
+            let to = (((at - self.base) / CHUNK + 1) * CHUNK + self.base).min(a + len);
+            if self.is_registered(at) {
+                if let Err(e) = self.set_protection(at, to - at, libc::PROT_READ | libc::PROT_WRITE)
+                {
+                    tracing::error!("unprotecting released far memory at {at:#x}: errno {e}");
+                }
+            }
+            at = to;
+        }
     }
 
     fn insert_free(&mut self, s: usize, l: usize) {
@@ -220,6 +414,19 @@ impl Space {
     /// writes its page metadata (8 bytes a page), so a large block's room is not registered
     /// until it is needed: sort's 1.36 GiB buffer got 4 GiB of room, 8 MiB of metadata.
     pub fn alloc_usable(&mut self, len: usize, align: usize, usable: usize) -> Option<usize> {
+        let a = self.take_range(len, align)?;
+        if let Err(e) = self.ensure_usable(a, usable) {
+            tracing::error!("{e}");
+            self.release(a, len);
+            return None;
+        }
+        self.note_allocated(a, usable, true);
+        Some(a)
+    }
+
+    /// Take `len` bytes aligned to `align` out of the free ranges (best fit) or from the
+    /// top, registering nothing.
+    fn take_range(&mut self, len: usize, align: usize) -> Option<usize> {
         let mut fit = None;
         for &(fl, fs) in self.by_size.range((len, 0)..).take(64) {
             let a = align_up(fs, align);
@@ -229,36 +436,48 @@ impl Space {
             }
         }
         if let Some((fs, fl, a)) = fit {
-            // A free range may have been room that was never made usable.
-            if let Err(e) = self.ensure_usable(a, usable) {
-                tracing::error!("{e}");
-                return None;
-            }
             self.remove_free(fs, fl);
             self.insert_free(fs, a - fs);
             self.insert_free(a + len, fs + fl - (a + len));
-            self.note_allocated(a, usable, true);
             return Some(a);
         }
         let a = align_up(self.top, align);
         if a.checked_add(len)? > self.end {
             return None;
         }
-        if let Err(e) = self.ensure_usable(a, usable) {
-            tracing::error!("{e}");
-            return None;
-        }
         let old_top = self.top;
         self.top = a + len;
         self.insert_free(old_top, a - old_top);
-        self.note_allocated(a, usable, true);
         Some(a)
     }
 
     /// Take back `[a, a+len)` (already discarded by the caller). Parts already free are
     /// left as they are, so a repeated `munmap` cannot hand a range out twice.
     pub fn release(&mut self, a: usize, len: usize) {
+        if !self.big.is_empty() {
+            take_overlap(&mut self.big, a, a + len);
+            // The chunks of a live large reservation: what it gave back (an aligning
+            // allocator trims its ends) stays out of use while it lives.
+            let (from, to) = (self.chunk_start(a), self.chunk_start(a + len - 1) + CHUNK);
+            if self
+                .big
+                .range(..to)
+                .next_back()
+                .is_some_and(|(_, &e)| e > from)
+            {
+                self.take_back(a, len);
+                return;
+            }
+        }
+        if self.pieces(a, len).iter().any(|p| p.2) {
+            // Address space of foreign chunks is not handed out again.
+            for (s, l, _) in self.pieces(a, len).into_iter().filter(|p| !p.2) {
+                self.release(s, l);
+            }
+            return;
+        }
         self.note_allocated(a, len, false);
+        self.unreserve(a, len);
         let (mut s, mut e) = (a, a + len);
         while let Some((&fs, &fl)) = self.by_addr.range(..=e).next_back() {
             if fs + fl < s {
@@ -321,6 +540,29 @@ impl Space {
     }
 }
 
+/// Take the parts of the disjoint ranges `m` (start -> end) inside `[from, to)` out of it,
+/// splitting those it cuts; returns them.
+fn take_overlap(m: &mut BTreeMap<usize, usize>, from: usize, to: usize) -> Vec<(usize, usize)> {
+    let hit: Vec<(usize, usize)> = m
+        .range(..to)
+        .rev()
+        .take_while(|&(_, &e)| e > from)
+        .map(|(&s, &e)| (s, e))
+        .collect();
+    let mut taken = Vec::with_capacity(hit.len());
+    for (s, e) in hit {
+        m.remove(&s);
+        if s < from {
+            m.insert(s, from);
+        }
+        if e > to {
+            m.insert(to, e);
+        }
+        taken.push((s.max(from), e.min(to)));
+    }
+    taken
+}
+
 /// Drop the contents of `[a, a+len)` (page-aligned) so that it reads as zeros.
 pub fn discard(rt: Option<&Runtime>, a: usize, len: usize) {
     match rt {
@@ -358,6 +600,10 @@ mod tests {
             by_size: BTreeSet::new(),
             top: base,
             large: BTreeMap::new(),
+            reserved: BTreeMap::new(),
+            reservations: false,
+            big: BTreeMap::new(),
+            foreign: vec![0; 4],
         }
     }
 
