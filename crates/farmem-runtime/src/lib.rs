@@ -24,6 +24,7 @@ pub mod cache_trim;
 pub mod cgroup_charge;
 pub mod config;
 pub mod ctl;
+pub mod disjoint;
 pub mod error;
 pub mod fault_log;
 mod hint;

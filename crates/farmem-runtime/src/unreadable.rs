@@ -71,51 +71,15 @@ impl Unreadable {
             let mut m = self.ranges.write();
             let r = apply();
             if r.is_ok() {
-                insert(&mut m, first, end);
+                crate::disjoint::insert(&mut m, first, end);
             }
             r
         } else {
             let r = apply();
             if r.is_ok() && self.ever.load(Ordering::Acquire) {
-                remove(&mut self.ranges.write(), first, end);
+                crate::disjoint::take(&mut self.ranges.write(), first, end);
             }
             r
-        }
-    }
-}
-
-/// Add `[first, end)` to the disjoint ranges, merging what it touches.
-fn insert(m: &mut BTreeMap<usize, usize>, first: usize, end: usize) {
-    let (mut s, mut e) = (first, end);
-    let touching: Vec<(usize, usize)> = m
-        .range(..=end)
-        .rev()
-        .take_while(|&(_, &re)| re >= first)
-        .map(|(&rs, &re)| (rs, re))
-        .collect();
-    for (rs, re) in touching {
-        m.remove(&rs);
-        s = s.min(rs);
-        e = e.max(re);
-    }
-    m.insert(s, e);
-}
-
-/// Take `[first, end)` out of the disjoint ranges, splitting what it cuts.
-fn remove(m: &mut BTreeMap<usize, usize>, first: usize, end: usize) {
-    let cut: Vec<(usize, usize)> = m
-        .range(..end)
-        .rev()
-        .take_while(|&(_, &re)| re > first)
-        .map(|(&rs, &re)| (rs, re))
-        .collect();
-    for (rs, re) in cut {
-        m.remove(&rs);
-        if rs < first {
-            m.insert(rs, first);
-        }
-        if re > end {
-            m.insert(end, re);
         }
     }
 }

@@ -40,19 +40,21 @@ fn warn_once(flag: &std::sync::atomic::AtomicBool, what: &str) {
     }
 }
 
-/// A mapping that belongs in far memory.
-fn is_heap_like(len: usize, prot: c_int, flags: c_int) -> bool {
+/// Anonymous private memory placed wherever the kernel likes, not a stack nor huge pages:
+/// what an allocator maps.
+fn allocator_like(flags: c_int) -> bool {
     const NOT: c_int = libc::MAP_SHARED
         | libc::MAP_FIXED
         | libc::MAP_FIXED_NOREPLACE
         | libc::MAP_STACK
         | libc::MAP_GROWSDOWN
         | libc::MAP_HUGETLB;
-    len > 0
-        && flags & libc::MAP_ANONYMOUS != 0
-        && flags & libc::MAP_PRIVATE != 0
-        && flags & NOT == 0
-        && prot == libc::PROT_READ | libc::PROT_WRITE
+    flags & libc::MAP_ANONYMOUS != 0 && flags & libc::MAP_PRIVATE != 0 && flags & NOT == 0
+}
+
+/// A mapping that belongs in far memory.
+fn is_heap_like(len: usize, prot: c_int, flags: c_int) -> bool {
+    len > 0 && allocator_like(flags) && prot == libc::PROT_READ | libc::PROT_WRITE
 }
 
 /// The smallest inaccessible mapping taken for a reservation: smaller ones are guard pages,
@@ -63,17 +65,7 @@ const MIN_RESERVATION: usize = 64 << 10;
 /// mapping over it): V8 and the JVM make their heaps so. Taken into far memory, or their
 /// heaps would escape the budget (node at a 160 MiB budget held 592 MiB resident).
 fn is_reservation(len: usize, prot: c_int, flags: c_int) -> bool {
-    const NOT: c_int = libc::MAP_SHARED
-        | libc::MAP_FIXED
-        | libc::MAP_FIXED_NOREPLACE
-        | libc::MAP_STACK
-        | libc::MAP_GROWSDOWN
-        | libc::MAP_HUGETLB;
-    len >= MIN_RESERVATION
-        && flags & libc::MAP_ANONYMOUS != 0
-        && flags & libc::MAP_PRIVATE != 0
-        && flags & NOT == 0
-        && prot == libc::PROT_NONE
+    len >= MIN_RESERVATION && allocator_like(flags) && prot == libc::PROT_NONE
 }
 
 /// Hand out a fresh (all-zero) range of the direct part.
@@ -297,6 +289,22 @@ fn split(a: usize, len: usize) -> [(usize, usize); 3] {
     [lo, mid, hi]
 }
 
+/// Apply `op` (the system call itself) to the parts of `[a, a+len)` (page-rounded) outside
+/// the far space; returns the part inside it, `(start, len)`.
+fn outside_then_inside(
+    a: usize,
+    len: usize,
+    op: impl Fn(usize, usize) -> Result<usize, i32>,
+) -> Result<(usize, usize), i32> {
+    let [lo, mid, hi] = split(a, vspace::page_round(len));
+    for (s, l) in [lo, hi] {
+        if l > 0 {
+            op(s, l)?;
+        }
+    }
+    Ok(mid)
+}
+
 /// # Safety
 /// As C `munmap`.
 #[no_mangle]
@@ -310,15 +318,13 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
         // SAFETY: the caller's own mapping.
         return rc(unsafe { mem::sys_munmap(a, len) });
     }
-    let [lo, mid, hi] = split(a, vspace::page_round(len));
-    for (s, l) in [lo, hi] {
-        if l > 0 {
-            // SAFETY: the caller's own mapping.
-            if let Err(e) = unsafe { mem::sys_munmap(s, l) } {
-                return rc(Err(e));
-            }
-        }
-    }
+    let mid = match outside_then_inside(a, len, |s, l| {
+        // SAFETY: the caller's own mapping.
+        unsafe { mem::sys_munmap(s, l) }
+    }) {
+        Ok(mid) => mid,
+        Err(e) => return rc(Err(e)),
+    };
     if mid.1 > 0 {
         // The direct part is released; in the allocators' parts (which they never unmap
         // themselves) the pages are only discarded.
@@ -413,15 +419,13 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
         // SAFETY: advice on the caller's own mapping.
         return rc(unsafe { mem::sys_madvise(a, len, advice) });
     }
-    let [lo, mid, hi] = split(a, vspace::page_round(len));
-    for (s, l) in [lo, hi] {
-        if l > 0 {
-            // SAFETY: advice on the caller's own mapping.
-            if let Err(e) = unsafe { mem::sys_madvise(s, l, advice) } {
-                return rc(Err(e));
-            }
-        }
-    }
+    let mid = match outside_then_inside(a, len, |s, l| {
+        // SAFETY: advice on the caller's own mapping.
+        unsafe { mem::sys_madvise(s, l, advice) }
+    }) {
+        Ok(mid) => mid,
+        Err(e) => return rc(Err(e)),
+    };
     if mid.1 > 0 && has_foreign(mid.0, mid.1) {
         // Ordinary memory in part (see `make_foreign`): advice goes to the kernel, and
         // discards to the runtime too (no-ops for pages it does not hold).
@@ -453,15 +457,13 @@ pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) ->
         // SAFETY: the caller's own mapping.
         return rc(unsafe { mem::sys_mprotect(a, len, prot) });
     }
-    let [lo, mid, hi] = split(a, vspace::page_round(len));
-    for (s, l) in [lo, hi] {
-        if l > 0 {
-            // SAFETY: the caller's own mapping.
-            if let Err(e) = unsafe { mem::sys_mprotect(s, l, prot) } {
-                return rc(Err(e));
-            }
-        }
-    }
+    let mid = match outside_then_inside(a, len, |s, l| {
+        // SAFETY: the caller's own mapping.
+        unsafe { mem::sys_mprotect(s, l, prot) }
+    }) {
+        Ok(mid) => mid,
+        Err(e) => return rc(Err(e)),
+    };
     if mid.1 == 0 {
         return 0;
     }

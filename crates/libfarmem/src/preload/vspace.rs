@@ -250,7 +250,7 @@ impl Space {
         // space is handed out again (what is free there stays unused: address space is
         // plentiful, and far memory there is impossible).
         let (from, to) = (first * CHUNK + self.base, last * CHUNK + self.base);
-        take_overlap(&mut self.reserved, from, to);
+        farmem_runtime::disjoint::take(&mut self.reserved, from, to);
         let free: Vec<(usize, usize)> = self
             .by_addr
             .range(..to)
@@ -279,7 +279,7 @@ impl Space {
     /// protection left alone, its extent forgotten.
     fn take_back(&mut self, a: usize, len: usize) {
         self.note_allocated(a, len, false);
-        take_overlap(&mut self.reserved, a, a + len);
+        farmem_runtime::disjoint::take(&mut self.reserved, a, a + len);
     }
 
     fn is_registered(&self, addr: usize) -> bool {
@@ -290,7 +290,8 @@ impl Space {
     /// The chunk `[from, to)` was just made readable and writable whole: its reservations'
     /// uncommitted parts become inaccessible again.
     fn protect_reserved_in(&mut self, from: usize, to: usize) {
-        let parts: Vec<(usize, usize)> = take_overlap(&mut self.reserved, from, to);
+        let parts: Vec<(usize, usize)> =
+            farmem_runtime::disjoint::take(&mut self.reserved, from, to);
         for (s, e) in parts {
             if let Err(e) = self.set_protection(s, e - s, libc::PROT_NONE) {
                 tracing::error!("protecting a reservation at {s:#x}: errno {e}");
@@ -349,13 +350,7 @@ impl Space {
         while a < self.end && self.is_registered(a) {
             a += CHUNK;
         }
-        if a.checked_add(len)? > self.end {
-            return None;
-        }
-        let old_top = self.top;
-        self.top = a + len;
-        self.insert_free(old_top, a - old_top);
-        Some(a)
+        self.take_top(a, len)
     }
 
     /// Make `[a, a+len)` of the direct part (given back, or its contents discarded) hold
@@ -365,7 +360,7 @@ impl Space {
         if !self.reservations {
             return;
         }
-        take_overlap(&mut self.reserved, a, a + len);
+        farmem_runtime::disjoint::take(&mut self.reserved, a, a + len);
         let mut at = a;
         while at < a + len {
             let to = (((at - self.base) / CHUNK + 1) * CHUNK + self.base).min(a + len);
@@ -441,7 +436,12 @@ impl Space {
             self.insert_free(a + len, fs + fl - (a + len));
             return Some(a);
         }
-        let a = align_up(self.top, align);
+        self.take_top(align_up(self.top, align), len)
+    }
+
+    /// `[a, a+len)` above the top (`a` at or past it): the top moves past it, and the gap
+    /// below `a` becomes a free range.
+    fn take_top(&mut self, a: usize, len: usize) -> Option<usize> {
         if a.checked_add(len)? > self.end {
             return None;
         }
@@ -455,7 +455,7 @@ impl Space {
     /// left as they are, so a repeated `munmap` cannot hand a range out twice.
     pub fn release(&mut self, a: usize, len: usize) {
         if !self.big.is_empty() {
-            take_overlap(&mut self.big, a, a + len);
+            farmem_runtime::disjoint::take(&mut self.big, a, a + len);
             // The chunks of a live large reservation: what it gave back (an aligning
             // allocator trims its ends) stays out of use while it lives.
             let (from, to) = (self.chunk_start(a), self.chunk_start(a + len - 1) + CHUNK);
@@ -538,29 +538,6 @@ impl Space {
             false
         }
     }
-}
-
-/// Take the parts of the disjoint ranges `m` (start -> end) inside `[from, to)` out of it,
-/// splitting those it cuts; returns them.
-fn take_overlap(m: &mut BTreeMap<usize, usize>, from: usize, to: usize) -> Vec<(usize, usize)> {
-    let hit: Vec<(usize, usize)> = m
-        .range(..to)
-        .rev()
-        .take_while(|&(_, &e)| e > from)
-        .map(|(&s, &e)| (s, e))
-        .collect();
-    let mut taken = Vec::with_capacity(hit.len());
-    for (s, e) in hit {
-        m.remove(&s);
-        if s < from {
-            m.insert(s, from);
-        }
-        if e > to {
-            m.insert(to, e);
-        }
-        taken.push((s.max(from), e.min(to)));
-    }
-    taken
 }
 
 /// Drop the contents of `[a, a+len)` (page-aligned) so that it reads as zeros.
