@@ -179,3 +179,59 @@ fn speculative_zero_fills_run_to_the_end_of_a_known_allocation_and_stop_there() 
         assert_eq!(rd_at(&r, p * PAGE_SIZE), p as u64 + 7, "page {p}");
     }
 }
+
+/// Inside an allocation the allocator reported, fresh memory filled from the allocation's
+/// start is zero-filled 64 pages at a time (a language runtime's heap page or region: V8's
+/// are 64 pages, filled from their header on), never past the allocation's end; touches in
+/// the middle of an allocation that grow nothing get only their page. (Fault read-ahead is
+/// off: the counts are the zero-fill's alone; one raced fault per block is allowed, as in
+/// the test above. A faulting thread resumes once its own page is in, before the rest of
+/// the block is installed and counted: each phase lets the counts settle.)
+#[test]
+fn allocations_filled_from_their_start_fault_once_per_64_pages() {
+    let settle = || std::thread::sleep(Duration::from_millis(50));
+    let rt = runtime(64 << 20, 32, 0);
+    let r = rt.create_region(16 << 20).unwrap();
+    let base = r.as_ptr() as usize;
+    let faults = |rt: &farmem_runtime::Runtime| {
+        let s = rt.stats();
+        s.unhinted_faults - s.spurious_faults - s.stolen_faults
+    };
+    rt.mark_allocated(base, 256 * PAGE_SIZE);
+    for p in 0..256 {
+        wr_at(&r, p * PAGE_SIZE, p as u64 + 3);
+    }
+    settle();
+    let s = rt.stats();
+    assert_eq!(s.pages_installed, 256, "{s}");
+    assert!(
+        (4..=8).contains(&faults(&rt)),
+        "one fault per 64 pages: {s}"
+    );
+    // A small allocation: its start fills it, and nothing past it.
+    rt.mark_allocated(base + 512 * PAGE_SIZE, 10 * PAGE_SIZE);
+    let before = rt.stats();
+    wr_at(&r, 512 * PAGE_SIZE, 1);
+    settle();
+    let after = rt.stats();
+    assert!(
+        after.pages_installed - before.pages_installed <= 10,
+        "past the allocation's end: {after}"
+    );
+    // Sparse touches inside a large allocation, none at its start: a page each.
+    rt.mark_allocated(base + 1024 * PAGE_SIZE, 2048 * PAGE_SIZE);
+    let before = rt.stats();
+    for k in 1..=10 {
+        assert_eq!(rd_at(&r, (1024 + k * 150) * PAGE_SIZE), 0);
+    }
+    settle();
+    let after = rt.stats();
+    assert_eq!(
+        after.pages_installed - before.pages_installed,
+        10,
+        "{after}"
+    );
+    for p in 0..256 {
+        assert_eq!(rd_at(&r, p * PAGE_SIZE), p as u64 + 3, "page {p}");
+    }
+}
