@@ -18,7 +18,8 @@ use super::swap::{SwapBaseline, SwapKind};
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Workloads: python, python-fork, sort, sqlite, memcached, c-fork (the fork test
-    /// program, compiled with cc).
+    /// program, compiled with cc); also node (a V8 heap of small objects; package nodejs) and
+    /// java (a HotSpot heap of small arrays, run from source; openjdk-17-jdk-headless).
     #[arg(
         long,
         value_delimiter = ',',
@@ -63,13 +64,15 @@ pub struct Args {
     json: Option<PathBuf>,
 }
 
-const WORKLOADS: [&str; 6] = [
+const WORKLOADS: [&str; 8] = [
     "python",
     "python-fork",
     "sort",
     "sqlite",
     "memcached",
     "c-fork",
+    "node",
+    "java",
 ];
 
 /// The C program of the fork test: builds a heap, lets most of it be evicted, forks without
@@ -118,6 +121,47 @@ if __name__ == "__main__":
     n = len(data)
     with mp.get_context("fork").Pool(2) as p:
         print(p.map(part, [(0, n // 2), (n // 2, n)]))
+"#;
+
+/// A V8 heap (node): a Map of small objects and strings built, read at random, verified.
+const NODE_HEAP: &str = r#"
+const mib = Number(process.argv[2]);
+const n = Math.floor(mib * 1048576 / 320);
+const m = new Map();
+for (let i = 0; i < n; i++) m.set('k' + i, { a: i, b: 'v'.repeat(20) + i, c: [i, i * 2, i * 3] });
+let sum = 0;
+for (let r = 0, x = 12345; r < 2 * n; r++) {
+  x = (x * 1103515245 + 12345) % 2147483648;
+  sum += m.get('k' + (x % n)).a;
+}
+for (let i = 0; i < n; i++) {
+  const o = m.get('k' + i);
+  if (o.a !== i || o.b !== 'v'.repeat(20) + i || o.c[2] !== i * 3) { console.log('lost', i); process.exit(1); }
+}
+console.log(n, 'entries verified, sum', sum);
+"#;
+
+/// A HotSpot heap (G1): a HashMap of small byte arrays built, read at random, verified.
+const JAVA_HEAP: &str = r#"
+public class Heap {
+    public static void main(String[] args) {
+        int n = (int) (Long.parseLong(args[0]) * 1048576 / 400);
+        java.util.HashMap<Integer, byte[]> m = new java.util.HashMap<>();
+        for (int i = 0; i < n; i++) {
+            byte[] b = new byte[200];
+            b[0] = (byte) i; b[199] = (byte) (i >> 8);
+            m.put(i, b);
+        }
+        long sum = 0;
+        java.util.Random r = new java.util.Random(7);
+        for (int k = 0; k < 2 * n; k++) { byte[] b = m.get(r.nextInt(n)); sum += b[0] + b[199]; }
+        for (int i = 0; i < n; i++) {
+            byte[] b = m.get(i);
+            if (b[0] != (byte) i || b[199] != (byte) (i >> 8)) { System.out.println("lost " + i); System.exit(1); }
+        }
+        System.out.println(n + " entries verified, sum " + sum);
+    }
+}
 "#;
 
 fn write(dir: &Path, name: &str, text: &str) -> Result<String> {
@@ -200,6 +244,22 @@ fn workload(name: &str, dir: &Path, mib: u64) -> Result<Workload> {
                 mib * 2,
                 me.display()
             ))
+        }
+        "node" => {
+            need("/usr/bin/node", "nodejs")?;
+            let s = write(dir, "heap.js", NODE_HEAP)?;
+            // V8 sizes its heap limit from the memory cgroup's limit and fails at it (under
+            // Linux swap: "JavaScript heap out of memory"); a limit that never binds, as a
+            // user who runs it under a memory limit sets, so that both sides page.
+            let limit = format!("--max-old-space-size={}", 2 * mib + 256);
+            vec!["/usr/bin/node".into(), limit, s, mib.to_string()]
+        }
+        "java" => {
+            need("/usr/bin/java", "openjdk-17-jdk-headless")?;
+            let s = write(dir, "Heap.java", JAVA_HEAP)?;
+            // A heap limit that never binds: memory is what the local budget allows.
+            let xmx = format!("-Xmx{}m", 2 * mib + 256);
+            vec!["/usr/bin/java".into(), xmx, s, mib.to_string()]
         }
         "c-fork" => {
             write(dir, "pattern.h", PATTERN_H)?;
