@@ -257,9 +257,18 @@ fn workload(name: &str, dir: &Path, mib: u64) -> Result<Workload> {
         "java" => {
             need("/usr/bin/java", "openjdk-17-jdk-headless")?;
             let s = write(dir, "Heap.java", JAVA_HEAP)?;
-            // A heap limit that never binds: memory is what the local budget allows.
+            // A heap limit that never binds: memory is what the local budget allows. And one
+            // collector on both sides: the JVM picks its own from the memory it sees, the
+            // serial one under a memory cgroup's limit of less than 1792 MiB, G1 (the server
+            // default) under farmem, which leaves the machine's memory in view.
             let xmx = format!("-Xmx{}m", 2 * mib + 256);
-            vec!["/usr/bin/java".into(), xmx, s, mib.to_string()]
+            vec![
+                "/usr/bin/java".into(),
+                xmx,
+                "-XX:+UseG1GC".into(),
+                s,
+                mib.to_string(),
+            ]
         }
         "c-fork" => {
             write(dir, "pattern.h", PATTERN_H)?;
