@@ -13,6 +13,8 @@
  *  4. Touching a reserved page that was never committed is SIGSEGV.
  *  5. A private file mapping at a fixed address over committed far memory and inside a
  *     fresh reservation: the file's bytes; writes stay private (the file is unchanged).
+ *  6. A reservation asked for at a multiple of 1 TiB gets that address (ZGC gives up
+ *     without its heap views at 4, 8 and 16 TiB).
  *
  * Exit status 0 on success; otherwise a message on stderr and a non-zero status.
  * Usage: reserve DIR (where to make the temporary file)
@@ -246,6 +248,22 @@ static void private_file_mappings(const char *dir, unsigned char *heap) {
     free(buf);
 }
 
+/* 6. */
+static void placed_reservation(void) {
+    step = "a reservation placed by design";
+    void *want = (void *)(5UL << 40);
+    void *p = mmap(want, 64 * MIB, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
+                   0);
+    if (p != want)
+        die("not placed where asked");
+    if (mprotect(p, MIB, PROT_READ | PROT_WRITE) != 0)
+        die("committing");
+    fill(p, MIB, 31337);
+    check(p, MIB, 31337, "lost data");
+    if (munmap(p, 64 * MIB) != 0)
+        die("munmap");
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: reserve DIR\n");
@@ -256,6 +274,7 @@ int main(int argc, char **argv) {
     unreadable_while_evicting(heap);
     reserved_is_inaccessible(heap);
     private_file_mappings(argv[1], heap);
+    placed_reservation();
     step = "freeing the heap";
     if (munmap(heap, JVM_HEAP) != 0)
         die("munmap");

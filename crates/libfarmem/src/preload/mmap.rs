@@ -68,6 +68,15 @@ fn is_reservation(len: usize, prot: c_int, flags: c_int) -> bool {
     len >= MIN_RESERVATION && allocator_like(flags) && prot == libc::PROT_NONE
 }
 
+/// Whether a reservation's address hint asks for that place, not merely some place: one
+/// at a multiple of 1 TiB (ZGC puts its heap's views at 4, 8 and 16 TiB and gives up when
+/// it cannot have them; it maps them from shared memory, which is not far memory anyway).
+/// Other hints are taken as suggestions, as the kernel may: V8 passes random ones, and the
+/// JVM's collectors try addresses below 32 GiB for compressed pointers, then take any.
+fn placed_by_design(hint: usize) -> bool {
+    hint != 0 && hint.is_multiple_of(1 << 40)
+}
+
 /// Hand out a fresh (all-zero) range of the direct part.
 fn far_map(len: usize) -> Option<usize> {
     let len = vspace::page_round(len);
@@ -94,7 +103,7 @@ pub unsafe extern "C" fn mmap(
     fd: c_int,
     off: libc::off_t,
 ) -> *mut c_void {
-    if active() && is_reservation(len, prot, flags) {
+    if active() && is_reservation(len, prot, flags) && !placed_by_design(addr as usize) {
         let got = vspace::SPACE
             .lock()
             .as_mut()
