@@ -1,6 +1,6 @@
 //! Sets of disjoint address or page ranges kept as a map from start to end (exclusive):
-//! what the program made unreadable (`unreadable.rs`), the transparent mode's reservations
-//! (`libfarmem`'s `vspace.rs`).
+//! the program's allocations (`extents.rs`), what it made unreadable (`unreadable.rs`), the
+//! transparent mode's reservations (`libfarmem`'s `vspace.rs`).
 
 use std::collections::BTreeMap;
 

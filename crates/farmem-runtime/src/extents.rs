@@ -24,14 +24,14 @@ impl Extents {
             return;
         }
         let mut m = self.map.write();
-        cut(&mut m, first, end);
+        crate::disjoint::take(&mut m, first, end);
         m.insert(first, end);
     }
 
     /// `[first, end)` is no longer allocated.
     pub(crate) fn forget(&self, first: usize, end: usize) {
         if first < end {
-            cut(&mut self.map.write(), first, end);
+            crate::disjoint::take(&mut self.map.write(), first, end);
         }
     }
 
@@ -40,26 +40,6 @@ impl Extents {
         let m = self.map.read();
         let (&s, &e) = m.range(..=vpn).next_back()?;
         (vpn < e).then_some(s..e)
-    }
-}
-
-/// Take `[first, end)` out of the ranges, trimming or splitting those that overlap it.
-fn cut(m: &mut BTreeMap<usize, usize>, first: usize, end: usize) {
-    // The range starting before `first` may reach into it (or across it).
-    if let Some((&s, &e)) = m.range(..first).next_back() {
-        if e > first {
-            m.insert(s, first);
-            if e > end {
-                m.insert(end, e);
-            }
-        }
-    }
-    let inside: Vec<(usize, usize)> = m.range(first..end).map(|(&s, &e)| (s, e)).collect();
-    for (s, e) in inside {
-        m.remove(&s);
-        if e > end {
-            m.insert(end, e);
-        }
     }
 }
 

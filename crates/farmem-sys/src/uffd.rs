@@ -4,10 +4,9 @@
 //! (from `include/uapi/linux/userfaultfd.h`) and features are detected at run time.
 
 use std::io;
-
-/// The page size the copies work in (the runtime's pages).
-const PAGE: usize = 4096;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use crate::mem::PAGE_SIZE;
 
 const UFFDIO: u64 = 0xAA;
 pub const UFFD_API: u64 = 0xAA;
@@ -268,12 +267,12 @@ impl Uffd {
                         done += c.copy as usize;
                     }
                 }
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) && len - done > PAGE => {
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) && len - done > PAGE_SIZE => {
                     // One copy must stay within one mapping: the range crosses mappings
                     // split by protection (a program that commits parts of a reservation
                     // with `mprotect`: V8, the JVM). Page by page, each in one mapping.
-                    for off in (done..len).step_by(PAGE) {
-                        self.copy(dst + off, src.wrapping_add(off), PAGE, mode)?;
+                    for off in (done..len).step_by(PAGE_SIZE) {
+                        self.copy(dst + off, src.wrapping_add(off), PAGE_SIZE, mode)?;
                     }
                     return Ok(());
                 }

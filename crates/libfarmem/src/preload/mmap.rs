@@ -246,18 +246,14 @@ fn fixed_over_far(a: usize, len: usize, prot: c_int, flags: c_int) -> Option<*mu
         return Some(fail(libc::EEXIST));
     }
     let len = vspace::page_round(len);
-    if vspace::SPACE
-        .lock()
-        .as_ref()
-        .is_none_or(|s| s.pieces(a, len).iter().any(|p| p.2))
-    {
-        return None; // ordinary memory there: the kernel's (see `make_foreign`)
-    }
-    let rt = vspace::runtime();
-    // Fresh memory reads as zeros: the old contents go first.
-    vspace::discard(rt.as_ref(), a, len);
+    // Fresh memory reads as zeros: the old contents go first (nothing to drop for the
+    // runtime where the range is ordinary memory, in foreign chunks).
+    vspace::discard(vspace::runtime().as_ref(), a, len);
     let mut space = vspace::SPACE.lock();
     let s = space.as_mut()?;
+    if s.pieces(a, len).iter().any(|p| p.2) {
+        return None; // ordinary memory there: the kernel's (see `make_foreign`)
+    }
     if prot != libc::PROT_NONE {
         if let Err(e) = s.ensure_usable(a, len) {
             tracing::error!("{e}");

@@ -215,19 +215,30 @@ impl Space {
         self.foreign[c / 64] & (1 << (c % 64)) != 0
     }
 
+    /// `[a, a+len)` cut at chunk boundaries: `(start, end)` of each piece.
+    fn chunk_runs(&self, a: usize, len: usize) -> impl Iterator<Item = (usize, usize)> {
+        let (base, end) = (self.base, a + len);
+        let mut at = a;
+        std::iter::from_fn(move || {
+            (at < end).then(|| {
+                let to = ((at - base) / CHUNK * CHUNK + CHUNK + base).min(end);
+                let run = (at, to);
+                at = to;
+                run
+            })
+        })
+    }
+
     /// `[a, a+len)` (in the direct part) cut at chunk boundaries, each piece with whether
     /// its chunk is foreign (ordinary memory, see `foreign`).
     pub fn pieces(&self, a: usize, len: usize) -> Vec<(usize, usize, bool)> {
         let mut out: Vec<(usize, usize, bool)> = Vec::new();
-        let mut at = a;
-        while at < a + len {
-            let to = (((at - self.base) / CHUNK + 1) * CHUNK + self.base).min(a + len);
+        for (at, to) in self.chunk_runs(a, len) {
             let f = self.is_foreign(at);
             match out.last_mut() {
                 Some((_, l, lf)) if *lf == f => *l += to - at,
                 _ => out.push((at, to - at, f)),
             }
-            at = to;
         }
         out
     }
@@ -323,10 +334,8 @@ impl Space {
             self.take_range(len, PAGE_SIZE)?
         };
         self.reservations = true;
-        let mut at = a;
-        while at < a + len {
-            let to = ((at - self.base) / CHUNK + 1) * CHUNK + self.base;
-            let to = to.min(a + len);
+        let runs: Vec<(usize, usize)> = self.chunk_runs(a, len).collect();
+        for (at, to) in runs {
             if self.is_registered(at) {
                 // Free ranges of registered chunks are readable and writable.
                 if let Err(e) = self.set_protection(at, to - at, libc::PROT_NONE) {
@@ -336,7 +345,6 @@ impl Space {
                 // Still part of the inaccessible reservation of the whole space.
                 self.reserved.insert(at, to);
             }
-            at = to;
         }
         Some(a)
     }
@@ -361,16 +369,13 @@ impl Space {
             return;
         }
         farmem_runtime::disjoint::take(&mut self.reserved, a, a + len);
-        let mut at = a;
-        while at < a + len {
-            let to = (((at - self.base) / CHUNK + 1) * CHUNK + self.base).min(a + len);
-            if self.is_registered(at) {
-                if let Err(e) = self.set_protection(at, to - at, libc::PROT_READ | libc::PROT_WRITE)
-                {
-                    tracing::error!("unprotecting released far memory at {at:#x}: errno {e}");
-                }
+        for (at, to) in self
+            .chunk_runs(a, len)
+            .filter(|&(at, _)| self.is_registered(at))
+        {
+            if let Err(e) = self.set_protection(at, to - at, libc::PROT_READ | libc::PROT_WRITE) {
+                tracing::error!("unprotecting released far memory at {at:#x}: errno {e}");
             }
-            at = to;
         }
     }
 
@@ -469,9 +474,10 @@ impl Space {
                 return;
             }
         }
-        if self.pieces(a, len).iter().any(|p| p.2) {
+        let pieces = self.pieces(a, len);
+        if pieces.iter().any(|p| p.2) {
             // Address space of foreign chunks is not handed out again.
-            for (s, l, _) in self.pieces(a, len).into_iter().filter(|p| !p.2) {
+            for (s, l, _) in pieces.into_iter().filter(|p| !p.2) {
                 self.release(s, l);
             }
             return;
