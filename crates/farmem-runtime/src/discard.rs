@@ -21,6 +21,12 @@ const STEP: usize = 4096;
 /// Discard `[first, end)` (virtual page numbers), which must lie inside one live region of
 /// `st`. Returns the number of pages that were local.
 pub(crate) fn discard_pages(st: &State, first: usize, end: usize) -> usize {
+    discard_into(st, first, end, PageWord::FRESH)
+}
+
+/// As [`discard_pages`], leaving each page's word `after`: `FRESH` (reads as zeros) or
+/// `UNREGISTERED` (no longer the runtime's: `lend.rs`).
+pub(crate) fn discard_into(st: &State, first: usize, end: usize, after: PageWord) -> usize {
     let _scope = RuntimeScope::enter();
     // Read-ahead in flight holds pages of the range locked: finish it first.
     readahead::complete_range(st, first, end);
@@ -67,7 +73,7 @@ pub(crate) fn discard_pages(st: &State, first: usize, end: usize) -> usize {
         // Stale entries of these pages in the reclaim policy are dropped when reached (the
         // reclaimer forgets pages it finds absent), which is cheaper than searching for them.
         for vpn in locked {
-            table::slot(vpn).unlock(PageWord::FRESH);
+            table::slot(vpn).unlock(after);
         }
         if n_present > 0 {
             st.resident.fetch_sub(n_present, Ordering::AcqRel);

@@ -190,12 +190,16 @@ fn take_over(st: &Arc<State>) {
     }
     st.unmapper.reopen_in_child();
     for reg in st.regions.all() {
-        if let Err(e) = st.uffd.register(
-            reg.base,
-            reg.npages * PAGE_SIZE,
-            uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP,
-        ) {
-            fail("registering a region", &e);
+        // Parts lent to the kernel (`lend.rs`: their words unregistered) hold the kernel's
+        // mappings, which may not be registrable (files): only the rest is registered.
+        for (first, end) in registered_runs(reg.first_vpn(), reg.end_vpn()) {
+            if let Err(e) = st.uffd.register(
+                first * PAGE_SIZE,
+                (end - first) * PAGE_SIZE,
+                uffd::REGISTER_MODE_MISSING | uffd::REGISTER_MODE_WP,
+            ) {
+                fail("registering a region", &e);
+            }
         }
         // The kernel dropped the write protection with the registration.
         for vpn in reg.first_vpn()..reg.end_vpn() {
@@ -239,6 +243,18 @@ fn take_over(st: &Arc<State>) {
     // A new thread's start in glibc reads program memory that may be far (the locale data
     // `setlocale` allocated on the heap): serve faults here until the fault thread runs.
     crate::fault::serve_until(st, || st.fault_thread_up.load(Ordering::Acquire));
+}
+
+/// The runs `[first, end)` of registered pages in `[from, to)`.
+fn registered_runs(from: usize, to: usize) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for vpn in (from..to).filter(|&v| table::slot(v).peek().is_registered()) {
+        match runs.last_mut() {
+            Some((_, e)) if *e == vpn => *e += 1,
+            _ => runs.push((vpn, vpn + 1)),
+        }
+    }
+    runs
 }
 
 /// Stop reclaim, wait for the batch in flight, and bring every far page back.

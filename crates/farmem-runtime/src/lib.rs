@@ -29,6 +29,7 @@ pub mod error;
 pub mod fault_log;
 mod hint;
 mod inherited;
+mod lend;
 mod runtime;
 pub mod scope;
 mod stats;

@@ -520,6 +520,26 @@ impl Runtime {
         dropped
     }
 
+    /// Lend `[addr, addr+len)` (page-aligned, part of this runtime's far memory) to the
+    /// kernel: its contents are dropped, as `munmap` drops them, and the runtime stops
+    /// serving it, so that the program can map there what the runtime cannot manage (a
+    /// file, shared memory) with the kernel's `mmap(MAP_FIXED)`. See `lend.rs`.
+    pub fn lend(&self, addr: usize, len: usize) -> Result<()> {
+        let _pass = crate::gate::enter();
+        crate::lend::lend(self.state(), addr, len)
+    }
+
+    /// Make `[addr, addr+len)`, lent with [`Runtime::lend`], far memory again: inaccessible
+    /// (`PROT_NONE`) until the program commits it, reading as zeros.
+    ///
+    /// # Safety
+    /// The range must be lent, and whatever the kernel mapped there the caller's to replace.
+    pub unsafe fn take_back(&self, addr: usize, len: usize) -> Result<()> {
+        let _pass = crate::gate::enter();
+        // SAFETY: forwarded contract.
+        unsafe { crate::lend::take_back(self.state(), addr, len) }
+    }
+
     fn destroy_region(&self, info: &RegionInfo) {
         let _scope = RuntimeScope::enter();
         registry::remove(info.base);

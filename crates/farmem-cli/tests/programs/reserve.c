@@ -15,6 +15,12 @@
  *     fresh reservation: the file's bytes; writes stay private (the file is unchanged).
  *  6. A reservation asked for at a multiple of 1 TiB gets that address (ZGC gives up
  *     without its heap views at 4, 8 and 16 TiB).
+ *  7. Small reservations next to far memory holding shared mappings at fixed addresses:
+ *     "magic" ring buffers (one memfd mapped twice, back to back) and a double mapping
+ *     (writable and executable views of one file, as .NET makes its code heap), used
+ *     while threads churn through far memory, and in a forked child; then released
+ *     (munmap, or an anonymous mapping over them) and the same address space used as heap:
+ *     zeros, data kept.
  *
  * Exit status 0 on success; otherwise a message on stderr and a non-zero status.
  * Usage: reserve DIR (where to make the temporary file)
@@ -30,6 +36,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "pattern.h"
@@ -264,6 +272,116 @@ static void placed_reservation(void) {
         die("munmap");
 }
 
+/* 7. */
+#define RINGS 24
+#define RING (64 * KIB)
+static int memfd(size_t len) {
+    int fd = (int)syscall(SYS_memfd_create, "reserve-ring", 0);
+    if (fd < 0)
+        die("memfd_create");
+    if (ftruncate(fd, (off_t)len) != 0)
+        die("ftruncate");
+    return fd;
+}
+
+static void shared_views_in_small_reservations(const char *dir, unsigned char *heap) {
+    step = "shared mappings in small reservations";
+    volatile int stop = 0;
+    struct churn c = {heap + 3 * REGION, REGION, 88000, &stop};
+    pthread_t t;
+    if (pthread_create(&t, NULL, churn, &c) != 0)
+        die("starting a thread");
+    unsigned char *rings[RINGS];
+    unsigned char *bufs[RINGS]; /* ordinary far memory between the rings */
+    for (int i = 0; i < RINGS; i++) {
+        bufs[i] = malloc(3 * RING);
+        fill(bufs[i], 3 * RING, 123000 + i);
+        unsigned char *r = reserve(2 * RING);
+        int fd = memfd(RING);
+        const int fl = MAP_SHARED | MAP_FIXED;
+        if (mmap(r, RING, PROT_READ | PROT_WRITE, fl, fd, 0) != r ||
+            mmap(r + RING, RING, PROT_READ | PROT_WRITE, fl, fd, 0) != r + RING)
+            die("mapping a ring's views");
+        close(fd);
+        /* A message across the wrap: written through the first view's end, read through
+         * the second view's start. */
+        fill(r + RING - 8 * KIB, 16 * KIB, 456000 + i);
+        check(r + RING - 8 * KIB, 16 * KIB, 456000 + i, "a ring's message reads wrong");
+        rings[i] = r;
+    }
+    for (int i = 0; i < RINGS; i++) {
+        unsigned char *r = rings[i];
+        check(r + RING - 8 * KIB, 16 * KIB, 456000 + i, "a ring lost its message");
+        if (memcmp(r, r + RING, RING) != 0)
+            die("a ring's two views differ");
+        check(bufs[i], 3 * RING, 123000 + i, "far memory beside a ring lost its data");
+    }
+    /* A double mapping: a writable view and a read-only executable one of one file (a
+     * regular file: the userfaultfd cannot take it, as it can take memfd's memory). */
+    unsigned char *d = reserve(4 * RING);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/reserve-views-XXXXXX", dir);
+    int fd = mkstemp(path);
+    if (fd < 0 || ftruncate(fd, RING) != 0)
+        die("making the views' file");
+    unlink(path);
+    if (mmap(d, RING, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) != d ||
+        mmap(d + 2 * RING, RING, PROT_READ | PROT_EXEC, MAP_SHARED | MAP_FIXED, fd, 0) !=
+            d + 2 * RING)
+        die("mapping the double views");
+    close(fd);
+    fill(d, RING, 777000);
+    check(d + 2 * RING, RING, 777000, "the executable view does not show the writes");
+    if (mprotect(d + 2 * RING, RING, PROT_READ) != 0)
+        die("mprotect of a shared view");
+    /* A forked child keeps far memory and the rings: it reads both, and its writes to a
+     * ring (shared memory) reach the parent. */
+    pid_t pid = fork();
+    if (pid < 0)
+        die("fork");
+    if (pid == 0) {
+        for (int i = 0; i < RINGS; i++) {
+            check(rings[i] + RING - 8 * KIB, 16 * KIB, 456000 + i, "the child's ring differs");
+            check(bufs[i], 3 * RING, 123000 + i, "the child's far memory differs");
+            fill(rings[i], 4 * KIB, 654000 + i);
+        }
+        check(d + 2 * RING, RING, 777000, "the child's view of a file differs");
+        _exit(0);
+    }
+    int status;
+    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        die("the forked child failed");
+    for (int i = 0; i < RINGS; i++)
+        check(rings[i] + RING, 4 * KIB, 654000 + i, "the child's write to a ring is not seen");
+    /* Released: half the rings unmapped, the others replaced by an anonymous reservation
+     * (as allocators release and keep the address space); then all used as heap. */
+    const int anon = MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE;
+    for (int i = 0; i < RINGS; i++) {
+        if (i % 2 == 0) {
+            if (munmap(rings[i], 2 * RING) != 0)
+                die("unmapping a ring");
+            rings[i] = reserve(2 * RING);
+        } else if (mmap(rings[i], 2 * RING, PROT_NONE, anon, -1, 0) != rings[i]) {
+            die("replacing a ring by a reservation");
+        }
+        if (mprotect(rings[i], 2 * RING, PROT_READ | PROT_WRITE) != 0)
+            die("committing a ring's address space");
+        zeros(rings[i], 2 * RING, "memory committed where a ring was is not zeros");
+        fill(rings[i], 2 * RING, 999000 + i);
+    }
+    if (munmap(d, 4 * RING) != 0)
+        die("unmapping the double views");
+    stop = 1;
+    pthread_join(t, NULL);
+    for (int i = 0; i < RINGS; i++) {
+        check(rings[i], 2 * RING, 999000 + i, "heap where a ring was lost its data");
+        check(bufs[i], 3 * RING, 123000 + i, "far memory beside a ring lost its data");
+        if (munmap(rings[i], 2 * RING) != 0)
+            die("unmapping");
+        free(bufs[i]);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: reserve DIR\n");
@@ -275,6 +393,7 @@ int main(int argc, char **argv) {
     reserved_is_inaccessible(heap);
     private_file_mappings(argv[1], heap);
     placed_reservation();
+    shared_views_in_small_reservations(argv[1], heap);
     step = "freeing the heap";
     if (munmap(heap, JVM_HEAP) != 0)
         die("munmap");

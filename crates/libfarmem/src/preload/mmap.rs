@@ -11,7 +11,7 @@
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::AtomicBool;
 
-use super::vspace::{self, Part};
+use super::vspace::{self, Holds, Part};
 use super::{active, set_errno};
 use farmem_sys::mem::{self, PAGE_SIZE};
 
@@ -146,6 +146,9 @@ pub unsafe extern "C" fn mmap(
         if let Some(r) = private_file_over_far(addr as usize, len, prot, flags, fd, off) {
             return r;
         }
+        if let Some(r) = lent_to_kernel(addr as usize, len, prot, flags, fd, off) {
+            return r;
+        }
     }
     if fixed && vspace::overlaps(addr as usize, len) {
         // Replacing part of the far address space would pull pages from under the runtime.
@@ -225,6 +228,43 @@ fn private_file_over_far(
     })
 }
 
+/// Any other mapping at a fixed address in the direct part (a file, shared memory: a ring
+/// buffer's two views of one memfd, a code heap's writable and executable views): the
+/// range is lent to the kernel, which maps it (`Space::lend`). None: not in the direct part,
+/// or a chunk it touches is foreign.
+fn lent_to_kernel(
+    a: usize,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: libc::off_t,
+) -> Option<*mut c_void> {
+    if !in_direct(a, len) || flags & libc::MAP_FIXED_NOREPLACE != 0 {
+        return None;
+    }
+    let l = vspace::page_round(len);
+    let mut space = vspace::SPACE.lock();
+    let s = space.as_mut()?;
+    if s.pieces(a, l).iter().any(|p| p.2 == Holds::Foreign) {
+        return None;
+    }
+    if let Err(e) = s.lend(a, l) {
+        tracing::error!("{e}");
+        return Some(fail(libc::ENOMEM));
+    }
+    Some(match mem::sys_mmap(a, len, prot, flags, fd, off) {
+        Ok(r) => r as *mut c_void,
+        Err(e) => {
+            // The old contents are gone either way; the range is a reservation again.
+            if let Err(m) = s.take_back_lent(a, l) {
+                tracing::error!("{m}");
+            }
+            fail(e)
+        }
+    })
+}
+
 /// Whether `[a, a+len)` is page-aligned and inside the direct part of the far space.
 fn in_direct(a: usize, len: usize) -> bool {
     let (_, direct, end) = vspace::bounds();
@@ -251,8 +291,14 @@ fn fixed_over_far(a: usize, len: usize, prot: c_int, flags: c_int) -> Option<*mu
     vspace::discard(vspace::runtime().as_ref(), a, len);
     let mut space = vspace::SPACE.lock();
     let s = space.as_mut()?;
-    if s.pieces(a, len).iter().any(|p| p.2) {
+    if s.pieces(a, len).iter().any(|p| p.2 == Holds::Foreign) {
         return None; // ordinary memory there: the kernel's (see `make_foreign`)
+    }
+    // Lent to the kernel before (a shared mapping replaced by an anonymous one): far
+    // memory again.
+    if let Err(e) = s.take_back_lent(a, len) {
+        tracing::error!("{e}");
+        return Some(fail(libc::ENOMEM));
     }
     if prot != libc::PROT_NONE {
         if let Err(e) = s.ensure_usable(a, len) {
@@ -346,8 +392,9 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
                 .as_ref()
                 .map(|sp| sp.pieces(s, m_end - s))
                 .unwrap_or_default();
-            for (p, l, foreign) in pieces {
-                if foreign {
+            for (p, l, holds) in pieces {
+                // Lent ranges are taken back by the release (`far_unmap`).
+                if holds == Holds::Foreign {
                     // The kernel's mapping goes; the reservation stays, never handed out.
                     let flags = libc::MAP_PRIVATE
                         | libc::MAP_ANONYMOUS
@@ -388,6 +435,16 @@ pub unsafe extern "C" fn mremap(
     }
     if !a.is_multiple_of(PAGE_SIZE) || new_len == 0 || flags & !(libc::MREMAP_MAYMOVE) != 0 {
         // MREMAP_FIXED / MREMAP_DONTUNMAP into or out of far memory are not supported.
+        return fail(libc::EINVAL);
+    }
+    if !kernels_pieces(a, old_len).is_empty() {
+        // The kernel's mapping in far address space (a file, shared memory): moving or
+        // growing it there is not supported.
+        static ONCE: AtomicBool = AtomicBool::new(false);
+        warn_once(
+            &ONCE,
+            "mremap of a file or shared mapping inside far memory was refused",
+        );
         return fail(libc::EINVAL);
     }
     let (old_l, new_l) = (vspace::page_round(old_len), vspace::page_round(new_len));
@@ -431,11 +488,11 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
         Ok(mid) => mid,
         Err(e) => return rc(Err(e)),
     };
-    if mid.1 > 0 && has_foreign(mid.0, mid.1) {
-        // Ordinary memory in part (see `make_foreign`): advice goes to the kernel, and
-        // discards to the runtime too (no-ops for pages it does not hold).
+    // The kernel's mappings there (see `make_foreign`, `Space::lend`) take the advice
+    // themselves; the runtime's discards below are no-ops for their pages.
+    for (p, l) in kernels_pieces(mid.0, mid.1) {
         // SAFETY: advice on the caller's own mapping.
-        if let Err(e) = unsafe { mem::sys_madvise(mid.0, mid.1, advice) } {
+        if let Err(e) = unsafe { mem::sys_madvise(p, l, advice) } {
             return rc(Err(e));
         }
     }
@@ -481,11 +538,11 @@ pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) ->
     let pieces = if mid.0 >= direct {
         s.pieces(mid.0, mid.1)
     } else {
-        vec![(mid.0, mid.1, false)]
+        vec![(mid.0, mid.1, Holds::Far)]
     };
-    for (p, l, foreign) in pieces {
-        let r = if foreign {
-            // SAFETY: ordinary memory of the caller's (see `make_foreign`).
+    for (p, l, holds) in pieces {
+        let r = if holds.kernels() {
+            // SAFETY: the kernel's mapping, the caller's (see `make_foreign`, `Space::lend`).
             unsafe { mem::sys_mprotect(p, l, prot) }.map(|_| ())
         } else {
             if p >= direct && prot != libc::PROT_NONE {
@@ -506,13 +563,19 @@ pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) ->
     0
 }
 
-/// Whether `[a, a+len)` touches a foreign chunk of the direct part (see `make_foreign`).
-fn has_foreign(a: usize, len: usize) -> bool {
+/// The pieces of `[a, a+len)` that are the kernel's mappings in the direct part (foreign
+/// chunks, lent ranges).
+fn kernels_pieces(a: usize, len: usize) -> Vec<(usize, usize)> {
     let (_, direct, _) = vspace::bounds();
     let (s, l) = (a.max(direct), (a + len).saturating_sub(a.max(direct)));
-    l > 0
-        && vspace::SPACE
-            .lock()
-            .as_ref()
-            .is_some_and(|sp| sp.pieces(s, l).iter().any(|p| p.2))
+    if l == 0 {
+        return Vec::new();
+    }
+    vspace::SPACE.lock().as_ref().map_or_else(Vec::new, |sp| {
+        sp.pieces(s, l)
+            .into_iter()
+            .filter(|p| p.2.kernels())
+            .map(|(p, l, _)| (p, l))
+            .collect()
+    })
 }

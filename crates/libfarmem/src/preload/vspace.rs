@@ -39,6 +39,24 @@ static MI_END: AtomicUsize = AtomicUsize::new(0);
 static FINE_END: AtomicUsize = AtomicUsize::new(0);
 static END: AtomicUsize = AtomicUsize::new(0);
 
+/// What a piece of the direct part holds (see [`Space::pieces`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Holds {
+    /// Far memory (or a reservation of it).
+    Far,
+    /// The kernel's mapping in a chunk never registered (see `Space::make_foreign`).
+    Foreign,
+    /// The kernel's mapping in a range lent from far memory (see `Space::lend`).
+    Lent,
+}
+
+impl Holds {
+    /// Whether the kernel's mapping is there: calls on it go to the kernel.
+    pub fn kernels(self) -> bool {
+        self != Holds::Far
+    }
+}
+
 /// Which part of the far address space a pointer is in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Part {
@@ -118,6 +136,11 @@ pub struct Space {
     /// reservation (a file mapped at a fixed address: V8's builtins, the JVM's class data
     /// archive): never registered, their memory is ordinary memory (bit per chunk).
     foreign: Vec<u64>,
+    /// Ranges of registered chunks lent to the kernel (start -> end, disjoint): a file or
+    /// shared memory mapped at a fixed address where far memory was (a ring buffer's views
+    /// of one memfd in a small reservation). Taken back when the program unmaps or replaces
+    /// them (`Runtime::lend`).
+    lent: BTreeMap<usize, usize>,
     /// Bounds of the whole reservation (copies of BASE and END).
     base: usize,
     end: usize,
@@ -149,6 +172,7 @@ pub fn init(rt: Runtime) -> Result<(usize, usize), String> {
         reservations: false,
         big: BTreeMap::new(),
         foreign: vec![0; nchunks.div_ceil(64)],
+        lent: BTreeMap::new(),
         base,
         end: base + total,
     });
@@ -229,18 +253,74 @@ impl Space {
         })
     }
 
-    /// `[a, a+len)` (in the direct part) cut at chunk boundaries, each piece with whether
-    /// its chunk is foreign (ordinary memory, see `foreign`).
-    pub fn pieces(&self, a: usize, len: usize) -> Vec<(usize, usize, bool)> {
-        let mut out: Vec<(usize, usize, bool)> = Vec::new();
+    /// `[a, a+len)` (in the direct part) cut where what it holds changes: far memory,
+    /// foreign chunks, lent ranges.
+    pub fn pieces(&self, a: usize, len: usize) -> Vec<(usize, usize, Holds)> {
+        let mut out: Vec<(usize, usize, Holds)> = Vec::new();
+        let mut push = |at: usize, to: usize, h: Holds| match out.last_mut() {
+            Some((s, l, lh)) if *lh == h && *s + *l == at => *l += to - at,
+            _ => out.push((at, to - at, h)),
+        };
         for (at, to) in self.chunk_runs(a, len) {
-            let f = self.is_foreign(at);
-            match out.last_mut() {
-                Some((_, l, lf)) if *lf == f => *l += to - at,
-                _ => out.push((at, to - at, f)),
+            if self.is_foreign(at) {
+                push(at, to, Holds::Foreign);
+                continue;
+            }
+            let mut p = at;
+            let lent: Vec<(usize, usize)> = self
+                .lent
+                .range(..to)
+                .rev()
+                .take_while(|&(_, &e)| e > at)
+                .map(|(&s, &e)| (s.max(at), e.min(to)))
+                .collect();
+            for (s, e) in lent.into_iter().rev() {
+                if s > p {
+                    push(p, s, Holds::Far);
+                }
+                push(s, e, Holds::Lent);
+                p = e;
+            }
+            if p < to {
+                push(p, to, Holds::Far);
             }
         }
         out
+    }
+
+    /// Lend `[a, a+len)` (page-aligned, in the direct part) to the kernel for a mapping the
+    /// runtime cannot manage, which the caller makes next: its contents are dropped. Its
+    /// chunks become far memory first if they were not (a mapping that spans a registered
+    /// chunk and one that is not). Err: a chunk is foreign, or the runtime refused.
+    pub fn lend(&mut self, a: usize, len: usize) -> Result<(), String> {
+        self.ensure_usable(a, len)?;
+        if let Some(rt) = &self.rt {
+            rt.lend(a, len)
+                .map_err(|e| format!("lending {len} bytes at {a:#x} to the kernel: {e}"))?;
+        }
+        self.note_allocated(a, len, false);
+        farmem_runtime::disjoint::insert(&mut self.lent, a, a + len);
+        Ok(())
+    }
+
+    /// Make the lent parts of `[a, a+len)` far memory again, inaccessible (`PROT_NONE`):
+    /// the kernel's mappings there are replaced.
+    pub fn take_back_lent(&mut self, a: usize, len: usize) -> Result<(), String> {
+        if self.lent.is_empty() {
+            return Ok(());
+        }
+        for (s, end) in farmem_runtime::disjoint::take(&mut self.lent, a, a + len) {
+            let r = match &self.rt {
+                // SAFETY: a lent range, which the program unmaps or replaces.
+                Some(rt) => unsafe { rt.take_back(s, end - s) }.map_err(|e| e.to_string()),
+                // SAFETY: as above; in a forked child the chunks are ordinary memory.
+                None => unsafe { mem::map_anon_fixed(s, end - s, libc::PROT_NONE) }
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+            };
+            r.map_err(|e| format!("taking back {s:#x}..{end:#x} from the kernel: {e}"))?;
+        }
+        Ok(())
     }
 
     /// Let the kernel map something the runtime cannot manage (a file, shared memory) at
@@ -459,6 +539,11 @@ impl Space {
     /// Take back `[a, a+len)` (already discarded by the caller). Parts already free are
     /// left as they are, so a repeated `munmap` cannot hand a range out twice.
     pub fn release(&mut self, a: usize, len: usize) {
+        if let Err(e) = self.take_back_lent(a, len) {
+            // Not handed out again: it may still hold the kernel's mapping.
+            tracing::error!("{e}");
+            return;
+        }
         if !self.big.is_empty() {
             farmem_runtime::disjoint::take(&mut self.big, a, a + len);
             // The chunks of a live large reservation: what it gave back (an aligning
@@ -475,9 +560,9 @@ impl Space {
             }
         }
         let pieces = self.pieces(a, len);
-        if pieces.iter().any(|p| p.2) {
+        if pieces.iter().any(|p| p.2 == Holds::Foreign) {
             // Address space of foreign chunks is not handed out again.
-            for (s, l, _) in pieces.into_iter().filter(|p| !p.2) {
+            for (s, l, _) in pieces.into_iter().filter(|p| p.2 == Holds::Far) {
                 self.release(s, l);
             }
             return;
@@ -587,6 +672,7 @@ mod tests {
             reservations: false,
             big: BTreeMap::new(),
             foreign: vec![0; 4],
+            lent: BTreeMap::new(),
         }
     }
 
