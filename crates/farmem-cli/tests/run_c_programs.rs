@@ -352,6 +352,27 @@ fn reserved_then_committed_heaps_are_far_memory() {
     );
 }
 
+/// A program that closes every descriptor it did not open (`close_range`, `closefrom`,
+/// `close` of every number, `dup2` onto every number), as daemons and process helpers do
+/// (Erlang's `erl_child_setup` hung at its next `fork` when it closed the runtime's
+/// userfaultfd), then forks: the runtime's descriptors survive, the heap (4x the budget,
+/// its far pages in the default tiers) verifies in both processes, and `dup2` onto one of
+/// them is refused.
+#[test]
+fn programs_that_close_every_descriptor_keep_their_far_memory() {
+    let dir = Scratch::new("closeall");
+    let prog = compile("closeall", &dir);
+    let r = farmem_run(&dir, "16M", &prog, &["64"]);
+    r.assert_success();
+    assert!(r.stdout.contains("ok"), "{}", r.describe());
+    assert!(r.stat("pages_evicted") > 16_000, "{}", r.describe());
+    assert!(
+        r.stderr.contains("refused (EBUSY)"),
+        "dup2 onto the runtime's descriptor was not refused\n{}",
+        r.describe()
+    );
+}
+
 /// The program's stderr is its own: a heap growing to several GiB of address space (more
 /// than one arena of the small-object allocator) adds nothing to it.
 #[test]

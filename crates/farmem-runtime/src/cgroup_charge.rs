@@ -99,7 +99,13 @@ impl Counters {
             Err(_) => (File::open(dir.join("memory.current"))?, &V2_KEYS),
         };
         let stat = File::open(dir.join("memory.stat"))?;
-        let c = Counters { usage, stat, keys };
+        // Out of the program's way (it may close every descriptor it did not open).
+        let keep = |f: File| File::from(farmem_sys::fds::keep(std::os::fd::OwnedFd::from(f)));
+        let c = Counters {
+            usage: keep(usage),
+            stat: keep(stat),
+            keys,
+        };
         c.read()
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unreadable counters"))?;
         Ok(c)

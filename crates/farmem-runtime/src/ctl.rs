@@ -32,7 +32,9 @@ static LISTENER: AtomicI32 = AtomicI32::new(-1);
 pub fn start(rt: &crate::Runtime) -> std::io::Result<()> {
     let _local = crate::scope::LocalScope::enter();
     let addr = SocketAddr::from_abstract_name(socket_name(std::process::id()))?;
-    let listener = UnixListener::bind_addr(&addr)?;
+    let listener = UnixListener::from(farmem_sys::fds::keep(std::os::fd::OwnedFd::from(
+        UnixListener::bind_addr(&addr)?,
+    )));
     LISTENER.store(listener.as_raw_fd(), Ordering::Release);
     let rt = rt.clone();
     crate::thread::spawn("farmem-ctl".into(), move || serve(listener, rt))?;
@@ -45,9 +47,9 @@ pub fn start(rt: &crate::Runtime) -> std::io::Result<()> {
 pub fn restart_in_child(rt: &crate::Runtime) -> std::io::Result<()> {
     let fd = LISTENER.swap(-1, Ordering::AcqRel);
     if fd >= 0 {
-        // SAFETY: the inherited listening socket, which nothing in this process uses: its
-        // owner (the serving thread) exists only in the parent.
-        unsafe { libc::close(fd) };
+        // The inherited listening socket, which nothing in this process uses: its owner
+        // (the serving thread) exists only in the parent.
+        farmem_sys::fds::close_kept(fd);
     }
     start(rt)
 }

@@ -131,7 +131,7 @@ impl Runtime {
             return Err(Error::sys("eventfd", std::io::Error::last_os_error()));
         }
         // SAFETY: fresh descriptor from the kernel.
-        let wake_fd = unsafe { OwnedFd::from_raw_fd(efd) };
+        let wake_fd = farmem_sys::fds::keep(unsafe { OwnedFd::from_raw_fd(efd) });
         let backend = backend::from_spec(&cfg.backend, cfg.compressor).map_err(|e| {
             let name = match &cfg.backend {
                 BackendSpec::Tcp(t) => t.url(),

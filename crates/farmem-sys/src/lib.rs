@@ -4,6 +4,7 @@
 //! nothing of farmem.
 
 pub mod disk_irqs;
+pub mod fds;
 pub mod host;
 pub mod mem;
 pub mod mounts;

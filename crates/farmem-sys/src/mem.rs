@@ -184,8 +184,10 @@ pub fn madvise(p: usize, len: usize, advice: i32) -> io::Result<()> {
 /// `new`: after a fork, a descriptor that names the parent's object is made to name the
 /// child's own while everything that holds the number keeps working.
 pub fn replace_fd(old: RawFd, new: OwnedFd) -> io::Result<()> {
-    // SAFETY: dup3 onto a descriptor this process holds open; `new` is closed on drop.
-    let rc = unsafe { libc::dup3(new.as_raw_fd(), old, libc::O_CLOEXEC) };
+    // The system call itself: `dup3` may be the transparent mode's, which refuses to
+    // replace the runtime's descriptors (`fds.rs`). `new` is closed on drop.
+    // SAFETY: dup3 onto a descriptor this process holds open.
+    let rc = unsafe { libc::syscall(libc::SYS_dup3, new.as_raw_fd(), old, libc::O_CLOEXEC) };
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -210,8 +212,9 @@ impl Unmapper {
         // SAFETY: pidfd_open(getpid(), 0) only creates a descriptor for our own process.
         let fd = unsafe { libc::syscall(SYS_PIDFD_OPEN, libc::getpid(), 0) };
         let pidfd = if fd >= 0 {
-            // SAFETY: fresh descriptor from the kernel.
-            Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+            // SAFETY: fresh descriptor from the kernel. Out of the program's way: closed
+            // under us, every eviction would fail to unmap its pages.
+            Some(crate::fds::keep(unsafe { OwnedFd::from_raw_fd(fd as i32) }))
         } else {
             None
         };
@@ -249,7 +252,10 @@ impl Unmapper {
                 Err(e)
                     if matches!(
                         e.raw_os_error(),
-                        Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::EPERM)
+                        Some(libc::EINVAL)
+                            | Some(libc::ENOSYS)
+                            | Some(libc::EPERM)
+                            | Some(libc::EBADF)
                     ) =>
                 {
                     tracing::info!(

@@ -204,7 +204,10 @@ impl Uffd {
             ioctls: 0,
         };
         ioctl(fd.as_raw_fd(), UFFDIO_API, &mut api)?;
-        Ok(Uffd { fd, features })
+        Ok(Uffd {
+            fd: crate::fds::keep(fd),
+            features,
+        })
     }
 
     pub fn raw(&self) -> RawFd {

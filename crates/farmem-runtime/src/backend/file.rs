@@ -311,6 +311,8 @@ impl FileBackend {
                 dir.display()
             ))
         })?;
+        // Out of the program's way (it may close every descriptor it did not open).
+        let file = File::from(farmem_sys::fds::keep(std::os::fd::OwnedFd::from(file)));
         if !direct {
             tracing::warn!(
                 "far file in {}: direct I/O refused, pages also pass through the page cache",
@@ -596,6 +598,10 @@ impl FileBackend {
                 std::io::Error::last_os_error()
             ));
         }
+        // SAFETY: the descriptor just made, owned by `old_files` from here on.
+        let old = std::os::fd::IntoRawFd::into_raw_fd(farmem_sys::fds::keep(unsafe {
+            std::os::fd::FromRawFd::from_raw_fd(old)
+        }));
         self.old_files[gen as usize].store(old, Ordering::Relaxed);
         let mut slots = self.slots.lock();
         self.inherited.fetch_add(slots.live, Ordering::Relaxed);

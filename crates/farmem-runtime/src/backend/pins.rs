@@ -70,8 +70,15 @@ impl Pins {
         let mut fds = [0i32; 2];
         // SAFETY: pipe2 fills the two-int array it is given.
         let pipe = if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == 0 {
-            // SAFETY: fresh descriptors from the kernel, owned here.
-            Some(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+            // SAFETY: fresh descriptors from the kernel, owned here. The write end is the
+            // child's, out of its way (a child that closes every descriptor it did not open
+            // would otherwise end the pin while it still reads the slots).
+            Some(unsafe {
+                (
+                    OwnedFd::from_raw_fd(fds[0]),
+                    farmem_sys::fds::keep(OwnedFd::from_raw_fd(fds[1])),
+                )
+            })
         } else {
             tracing::warn!(
                 "no pipe to follow a forked child ({}): the far file keeps its slots for the \
@@ -87,8 +94,11 @@ impl Pins {
     pub(crate) fn parent(&self) {
         let mut g = self.inner.lock();
         if let Some(Forking { pipe, used }) = g.forking.take() {
-            // Dropping our write end leaves the child's as the only one.
-            let alive = pipe.map(|(r, _w)| r);
+            // Closing our write end leaves the child's as the only one.
+            let alive = pipe.map(|(r, w)| {
+                farmem_sys::fds::close_kept(std::os::fd::IntoRawFd::into_raw_fd(w));
+                r
+            });
             g.live.push(Pin {
                 alive,
                 used,

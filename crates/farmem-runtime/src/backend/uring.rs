@@ -14,7 +14,7 @@
 
 use std::cell::RefCell;
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use io_uring::{opcode, types, IoUring};
@@ -41,6 +41,36 @@ struct Ring {
     /// thread-locals, and must not share its parent's ring.
     pid: u32,
     ring: IoUring,
+}
+
+/// A ring whose descriptor is out of the program's way (`farmem_sys::fds`: a program may
+/// close every descriptor it did not open, or `dup2` onto a low number): made, then mapped
+/// again through a high duplicate of its descriptor, and the first mapping let go.
+fn new_ring() -> io::Result<IoUring> {
+    let first = IoUring::new(RING_ENTRIES)?;
+    // SAFETY: duplicating a descriptor `first` holds open.
+    let dup = unsafe { libc::fcntl(first.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+    if dup < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor, owned here.
+    let high = farmem_sys::fds::keep(unsafe { std::os::fd::FromRawFd::from_raw_fd(dup) });
+    let fd = std::os::fd::IntoRawFd::into_raw_fd(high);
+    // SAFETY: `fd` names the same ring as `first`, whose parameters these are.
+    match unsafe { IoUring::from_fd(fd, first.params().clone()) } {
+        Ok(ring) => Ok(ring),
+        Err(e) => {
+            farmem_sys::fds::close_kept(fd);
+            Err(e)
+        }
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // Its descriptor is closed as the ring drops next: no longer the runtime's to keep.
+        farmem_sys::fds::forget(self.ring.as_raw_fd());
+    }
 }
 
 thread_local! {
@@ -71,7 +101,7 @@ pub(crate) unsafe fn read_all(runs: &[ReadRun]) -> io::Result<()> {
         let done = RING.with(|cell| {
             let mut slot = cell.borrow_mut();
             if slot.as_ref().is_none_or(|r| r.pid != pid) {
-                match IoUring::new(RING_ENTRIES) {
+                match new_ring() {
                     Ok(ring) => *slot = Some(Ring { pid, ring }),
                     Err(e) => {
                         tracing::debug!("io_uring refused ({e}): far-file reads go one by one");

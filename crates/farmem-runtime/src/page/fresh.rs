@@ -48,7 +48,7 @@ fn template(t: &mut Option<Template>) -> io::Result<i32> {
     // SAFETY: u64 words viewed as their bytes, within the vector's allocation.
     let bytes = unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), FILE_BYTES) };
     let name = c"farmem-fresh-page-words";
-    let fd = mem::sealed_memfd(name, bytes)?;
+    let fd = farmem_sys::fds::keep(mem::sealed_memfd(name, bytes)?);
     let id = mem::fd_identity(fd.as_raw_fd())
         .ok_or_else(|| io::Error::other("fstat of a new memfd failed"))?;
     let raw = fd.as_raw_fd();

@@ -15,6 +15,7 @@
 
 mod affinity;
 mod exits;
+mod fds;
 mod fine;
 mod malloc;
 mod mi;

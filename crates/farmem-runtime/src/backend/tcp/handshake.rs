@@ -85,7 +85,10 @@ pub(crate) fn open(
     for a in &addrs {
         match TcpStream::connect_timeout(a, CONNECT_TIMEOUT) {
             Ok(s) => {
-                stream = Some(s);
+                // Out of the program's way (it may close every descriptor it did not open).
+                stream = Some(TcpStream::from(farmem_sys::fds::keep(
+                    std::os::fd::OwnedFd::from(s),
+                )));
                 break;
             }
             Err(e) => last = Some(e),

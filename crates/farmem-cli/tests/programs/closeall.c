@@ -1,0 +1,115 @@
+/* A program that closes every descriptor it did not open, as daemons and process helpers do
+ * (Erlang's erl_child_setup, sshd, Python's subprocess children), under `farmem run` with
+ * most of its heap far:
+ *
+ *  1. close_range(3, ~0U, 0) first thing, then a heap 4x the budget filled and verified;
+ *  2. closefrom(3), close() of every number up to 4096, and dup2() onto every number up to
+ *     1100 (closed again after): the heap still verifies, and read() from a pipe into a far
+ *     buffer still works;
+ *  3. fork() (Erlang's helper hung here: the runtime's own descriptor had been closed), the
+ *     child closes everything again and verifies and rewrites the heap under eviction;
+ *     the parent verifies its own copy after.
+ *
+ * Exit status 0 on success; otherwise a message on stderr and a non-zero status.
+ * Usage: closeall MIB
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "pattern.h"
+
+#define BLOCK (256 * 1024)
+
+static const char *step = "start";
+
+static void die(const char *what) {
+    /* stderr may be gone: the exit status says it too. */
+    fprintf(stderr, "closeall: %s: %s (errno %d)\n", step, what, errno);
+    exit(1);
+}
+
+static void fill(unsigned char **b, int n, uint64_t seed) {
+    for (int i = 0; i < n; i++)
+        fill_block(b[i], BLOCK, seed + (uint64_t)i * 1000003);
+}
+
+static void check(unsigned char **b, int n, uint64_t seed) {
+    static unsigned char want[BLOCK];
+    for (int i = 0; i < n; i++) {
+        fill_block(want, BLOCK, seed + (uint64_t)i * 1000003);
+        if (memcmp(b[i], want, BLOCK) != 0)
+            die("a block lost its data");
+    }
+}
+
+static void close_everything(void) {
+    closefrom(3);
+    for (int fd = 3; fd < 4096; fd++)
+        close(fd);
+    for (int fd = 3; fd < 1100; fd++)
+        if (dup2(1, fd) == fd)
+            close(fd);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: closeall MIB\n");
+        return 2;
+    }
+    if (close_range(3, ~0U, 0) != 0)
+        die("close_range");
+    step = "filling";
+    int n = atoi(argv[1]) * 4;
+    unsigned char **b = malloc(n * sizeof *b);
+    for (int i = 0; i < n; i++)
+        if ((b[i] = malloc(BLOCK)) == NULL)
+            die("malloc");
+    fill(b, n, 1);
+    check(b, n, 1);
+
+    step = "closing everything";
+    close_everything();
+    check(b, n, 1);
+    int p[2];
+    if (pipe(p) != 0)
+        die("pipe");
+    unsigned char *far = b[n / 2];
+    fill_block(far, 4096, 77); /* expected contents, then overwritten by the read */
+    unsigned char msg[4096];
+    memcpy(msg, far, sizeof msg);
+    memset(far, 0, 4096);
+    check(b, n / 2, 1); /* push the buffer's page out again */
+    if (write(p[1], msg, sizeof msg) != (ssize_t)sizeof msg || read(p[0], far, 4096) != 4096)
+        die("a pipe into far memory");
+    if (memcmp(far, msg, sizeof msg) != 0)
+        die("read() into far memory got the wrong bytes");
+    fill_block(far, BLOCK, 1 + (uint64_t)(n / 2) * 1000003);
+    close(p[0]);
+    close(p[1]);
+
+    step = "forking";
+    fill(b, n, 2);
+    pid_t pid = fork();
+    if (pid < 0)
+        die("fork");
+    if (pid == 0) {
+        step = "in the child";
+        close_everything();
+        check(b, n, 2);
+        fill(b, n, 3);
+        check(b, n, 3);
+        _exit(0);
+    }
+    int status;
+    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        die("the child failed");
+    check(b, n, 2);
+    printf("ok\n");
+    return 0;
+}
