@@ -155,14 +155,15 @@ mod tests {
         pin_to(cpu).unwrap();
         assert_eq!(current_cpu(), Some(cpu));
         assert_eq!(thread_cpu(tid), Some(cpu));
+        // Still pinned: once the affinity is wide again the thread may move at any time.
+        let mut reader = ThreadCpu::default();
+        assert_eq!(reader.of(tid), Some(cpu));
+        assert_eq!(reader.of(tid), Some(cpu), "again, from the open file");
+        assert_eq!(reader.of(u32::MAX), None);
         set_affinity(tid, &allowed).unwrap();
         assert!(same_set(&affinity_of(tid).unwrap(), &allowed));
         assert!(same_set(&words_to_set(&set_to_words(&allowed)), &allowed));
         assert!(!same_set(&only(cpu).unwrap(), &only(cpu + 1).unwrap()));
         assert_eq!(thread_cpu(u32::MAX), None, "no such thread");
-        let mut reader = ThreadCpu::default();
-        assert_eq!(reader.of(tid), Some(cpu));
-        assert_eq!(reader.of(tid), Some(cpu), "again, from the open file");
-        assert_eq!(reader.of(u32::MAX), None);
     }
 }
