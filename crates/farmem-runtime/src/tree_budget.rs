@@ -603,7 +603,12 @@ mod tests {
     #[test]
     fn a_range_is_measured_apart() {
         let len = 64 * 4096;
-        let p = farmem_sys::mem::map_anon(len, libc::PROT_READ | libc::PROT_WRITE).unwrap();
+        // Inaccessible on both sides: a neighbouring mapping of another test's, merged with
+        // this one, would add its pages to the range's (seen once: 268 KiB).
+        let guarded = farmem_sys::mem::map_anon(3 * len, libc::PROT_NONE).unwrap();
+        // SAFETY: the middle of the mapping just made.
+        let p = unsafe { guarded.add(len) };
+        farmem_sys::mem::mprotect(p, len, libc::PROT_READ | libc::PROT_WRITE).unwrap();
         for i in 0..32 {
             // SAFETY: inside the mapping just made.
             unsafe { p.add(i * 4096).write(1) };
@@ -612,7 +617,7 @@ mod tests {
         assert!((128..=256).contains(&rss), "32 pages written: {rss} KiB");
         assert_eq!(pss, rss, "not shared");
         // SAFETY: the mapping made above.
-        unsafe { farmem_sys::mem::unmap(p, len) };
+        unsafe { farmem_sys::mem::unmap(guarded, 3 * len) };
         let (rss, _) = range_rss_pss((p as usize, len)).expect("smaps");
         assert_eq!(rss, 0, "unmapped");
     }
