@@ -6,8 +6,8 @@
 //! Programs (absolute paths, never whatever is first on PATH): /usr/bin/python3 (package
 //! python3), /usr/bin/sort (coreutils), /usr/bin/sqlite3 (sqlite3), /usr/bin/memcached
 //! (memcached), /usr/bin/node (nodejs), /usr/bin/java (openjdk-17-jdk-headless),
-//! /usr/bin/erl and /usr/bin/erlc (erlang-base). A missing one fails the test with the
-//! package to install.
+//! /usr/bin/erl and /usr/bin/erlc (erlang-base), pandas for python3 (python3-pandas). A
+//! missing one fails the test with the package to install.
 //!
 //! Sizes are chosen so that the whole file takes a few minutes on a 2-core machine, where a
 //! program under farmem at 25% runs 1.5-40x slower than natively. Nothing here asserts timing;
@@ -143,6 +143,33 @@ fn java_heap_of_arrays_and_objects() {
         String::from_utf8_lossy(&native.stdout).contains("192 MiB verified"),
         "unexpected output: {}",
         String::from_utf8_lossy(&native.stdout)
+    );
+    assert_heap_was_far(&native, &far);
+}
+
+/// pandas and numpy (analytics): a DataFrame of a million rows grouped, sorted and merged,
+/// and a numpy array of zeros mostly never written. About 280 MiB natively (7 s), 9-10 s at
+/// 25%.
+#[test]
+fn pandas_dataframe_groupby_sort_merge() {
+    let s = Scratch::new("pandas");
+    let probe = std::process::Command::new(require("/usr/bin/python3", "python3"))
+        .args(["-I", "-c", "import pandas"])
+        .output()
+        .expect("python3");
+    assert!(
+        probe.status.success(),
+        "pandas missing: install python3-pandas ({})",
+        String::from_utf8_lossy(&probe.stderr)
+    );
+    let prog = python3()
+        .arg(program_file("pandas_frame.py"))
+        .arg("1000000");
+    let (native, far) = native_then_quarter("python3 pandas_frame.py", &prog, &s);
+    let out = String::from_utf8_lossy(&native.stdout);
+    assert!(
+        out.starts_with("1000000 50000 4000.0 "),
+        "unexpected output: {out}"
     );
     assert_heap_was_far(&native, &far);
 }
