@@ -100,10 +100,9 @@ impl Counters {
         };
         let stat = File::open(dir.join("memory.stat"))?;
         // Out of the program's way (it may close every descriptor it did not open).
-        let keep = |f: File| File::from(farmem_sys::fds::keep(std::os::fd::OwnedFd::from(f)));
         let c = Counters {
-            usage: keep(usage),
-            stat: keep(stat),
+            usage: farmem_sys::fds::keep(usage),
+            stat: farmem_sys::fds::keep(stat),
             keys,
         };
         c.read()

@@ -32,9 +32,7 @@ static LISTENER: AtomicI32 = AtomicI32::new(-1);
 pub fn start(rt: &crate::Runtime) -> std::io::Result<()> {
     let _local = crate::scope::LocalScope::enter();
     let addr = SocketAddr::from_abstract_name(socket_name(std::process::id()))?;
-    let listener = UnixListener::from(farmem_sys::fds::keep(std::os::fd::OwnedFd::from(
-        UnixListener::bind_addr(&addr)?,
-    )));
+    let listener = farmem_sys::fds::keep(UnixListener::bind_addr(&addr)?);
     LISTENER.store(listener.as_raw_fd(), Ordering::Release);
     let rt = rt.clone();
     crate::thread::spawn("farmem-ctl".into(), move || serve(listener, rt))?;

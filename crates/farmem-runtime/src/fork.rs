@@ -192,7 +192,7 @@ fn take_over(st: &Arc<State>) {
     for reg in st.regions.all() {
         // Parts lent to the kernel (`lend.rs`: their words unregistered) hold the kernel's
         // mappings, which may not be registrable (files): only the rest is registered.
-        for (first, end) in registered_runs(reg.first_vpn(), reg.end_vpn()) {
+        for (first, end) in registered_runs_unprotected(reg.first_vpn(), reg.end_vpn()) {
             if let Err(e) = st.uffd.register(
                 first * PAGE_SIZE,
                 (end - first) * PAGE_SIZE,
@@ -200,11 +200,6 @@ fn take_over(st: &Arc<State>) {
             ) {
                 fail("registering a region", &e);
             }
-        }
-        // The kernel dropped the write protection with the registration.
-        for vpn in reg.first_vpn()..reg.end_vpn() {
-            table::slot(vpn)
-                .update(|w| (w.is_present() && !w.is_writable()).then(|| w.unprotected()));
         }
     }
     st.backend.fork_child();
@@ -245,10 +240,13 @@ fn take_over(st: &Arc<State>) {
     crate::fault::serve_until(st, || st.fault_thread_up.load(Ordering::Acquire));
 }
 
-/// The runs `[first, end)` of registered pages in `[from, to)`.
-fn registered_runs(from: usize, to: usize) -> Vec<(usize, usize)> {
+/// The runs `[first, end)` of registered pages in `[from, to)`, in one walk that also marks
+/// their write-protected pages writable: the kernel dropped the protection with the
+/// registration the child lost.
+fn registered_runs_unprotected(from: usize, to: usize) -> Vec<(usize, usize)> {
     let mut runs: Vec<(usize, usize)> = Vec::new();
     for vpn in (from..to).filter(|&v| table::slot(v).peek().is_registered()) {
+        table::slot(vpn).update(|w| (w.is_present() && !w.is_writable()).then(|| w.unprotected()));
         match runs.last_mut() {
             Some((_, e)) if *e == vpn => *e += 1,
             _ => runs.push((vpn, vpn + 1)),

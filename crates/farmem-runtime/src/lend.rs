@@ -18,26 +18,10 @@ use crate::page::word::PageWord;
 use crate::page::{digest, table};
 use crate::state::State;
 
-/// The page runs `[first, end)` of `[addr, addr+len)` in each region, with the region's base.
-fn runs(st: &State, addr: usize, len: usize) -> Vec<(usize, usize)> {
-    let end = addr.saturating_add(len);
-    st.regions
-        .overlapping(addr, end)
-        .into_iter()
-        .map(|r| {
-            (
-                addr.max(r.base) / PAGE_SIZE,
-                end.min(r.end()).div_ceil(PAGE_SIZE),
-            )
-        })
-        .filter(|(f, e)| f < e)
-        .collect()
-}
-
 /// Give `[addr, addr+len)` (page-aligned, in far memory) to the kernel: its contents are
 /// dropped and the runtime stops serving it. Idempotent.
 pub(crate) fn lend(st: &State, addr: usize, len: usize) -> Result<()> {
-    for (first, end) in runs(st, addr, len) {
+    for (first, end) in st.regions.page_runs(addr, addr.saturating_add(len)) {
         // Locked one by one, so a transition in flight finishes first; unlocked unregistered,
         // so none starts afterwards. Only then does the range leave the userfaultfd: an
         // install in flight needs the registration to finish.
@@ -56,7 +40,7 @@ pub(crate) fn lend(st: &State, addr: usize, len: usize) -> Result<()> {
 /// # Safety
 /// The range must be lent (see [`lend`]) and the caller's to replace.
 pub(crate) unsafe fn take_back(st: &State, addr: usize, len: usize) -> Result<()> {
-    for (first, end) in runs(st, addr, len) {
+    for (first, end) in st.regions.page_runs(addr, addr.saturating_add(len)) {
         let (a, l) = (first * PAGE_SIZE, (end - first) * PAGE_SIZE);
         st.unreadable
             .change(a, l, libc::PROT_NONE, || {

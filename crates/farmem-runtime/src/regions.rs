@@ -60,6 +60,21 @@ impl Regions {
             .collect()
     }
 
+    /// The pages of `[addr, end)` (partial pages at the ends included) in each region it
+    /// overlaps: `(first, end)` page numbers, one run per region.
+    pub(crate) fn page_runs(&self, addr: usize, end: usize) -> Vec<(usize, usize)> {
+        self.overlapping(addr, end)
+            .into_iter()
+            .map(|r| {
+                (
+                    addr.max(r.base) / PAGE_SIZE,
+                    end.min(r.end()).div_ceil(PAGE_SIZE),
+                )
+            })
+            .filter(|(f, e)| f < e)
+            .collect()
+    }
+
     pub(crate) fn all(&self) -> Vec<RegionInfo> {
         self.map.read().values().copied().collect()
     }

@@ -508,16 +508,11 @@ impl Runtime {
     pub fn discard(&self, addr: usize, len: usize) -> usize {
         let _pass = crate::gate::enter();
         let st = self.state();
-        let end = addr.saturating_add(len);
-        let mut dropped = 0;
-        for r in st.regions.overlapping(addr, end) {
-            let first = (addr.max(r.base)) / PAGE_SIZE;
-            let last = (end.min(r.end())).div_ceil(PAGE_SIZE);
-            if first < last {
-                dropped += discard::discard_pages(st, first, last);
-            }
-        }
-        dropped
+        st.regions
+            .page_runs(addr, addr.saturating_add(len))
+            .into_iter()
+            .map(|(first, end)| discard::discard_pages(st, first, end))
+            .sum()
     }
 
     /// Lend `[addr, addr+len)` (page-aligned, part of this runtime's far memory) to the

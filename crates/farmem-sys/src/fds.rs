@@ -38,9 +38,11 @@ fn high_base() -> Option<RawFd> {
     (top >= 256).then_some(top - 128)
 }
 
-/// Move `fd` to a high number (close-on-exec) and list it as the runtime's. Where no high
-/// number is free it keeps its number, listed all the same.
-pub fn keep(fd: OwnedFd) -> OwnedFd {
+/// Move `fd` (a descriptor, or what owns one: a `File`, a socket) to a high number
+/// (close-on-exec) and list it as the runtime's. Where no high number is free it keeps its
+/// number, listed all the same.
+pub fn keep<T: From<OwnedFd> + Into<OwnedFd>>(fd: T) -> T {
+    let fd: OwnedFd = fd.into();
     let fd = match high_base() {
         Some(base) => {
             // SAFETY: F_DUPFD_CLOEXEC on a descriptor we own returns a new one or -1.
@@ -56,7 +58,7 @@ pub fn keep(fd: OwnedFd) -> OwnedFd {
         None => fd,
     };
     list(fd.as_raw_fd());
-    fd
+    T::from(fd)
 }
 
 fn list(fd: RawFd) {

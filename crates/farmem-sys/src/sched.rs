@@ -25,7 +25,7 @@ impl ThreadCpu {
         if self.open.as_ref().map(|(t, _)| *t) != Some(tid) {
             let f = std::fs::File::open(format!("/proc/self/task/{tid}/stat")).ok()?;
             // Out of the program's way (it may close every descriptor it did not open).
-            let f = std::fs::File::from(crate::fds::keep(std::os::fd::OwnedFd::from(f)));
+            let f = crate::fds::keep(f);
             self.open = Some((tid, f));
         }
         let (_, f) = self.open.as_ref()?;

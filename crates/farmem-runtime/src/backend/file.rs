@@ -312,7 +312,7 @@ impl FileBackend {
             ))
         })?;
         // Out of the program's way (it may close every descriptor it did not open).
-        let file = File::from(farmem_sys::fds::keep(std::os::fd::OwnedFd::from(file)));
+        let file = farmem_sys::fds::keep(file);
         if !direct {
             tracing::warn!(
                 "far file in {}: direct I/O refused, pages also pass through the page cache",
@@ -599,9 +599,9 @@ impl FileBackend {
             ));
         }
         // SAFETY: the descriptor just made, owned by `old_files` from here on.
-        let old = std::os::fd::IntoRawFd::into_raw_fd(farmem_sys::fds::keep(unsafe {
-            std::os::fd::FromRawFd::from_raw_fd(old)
-        }));
+        let old: std::os::fd::OwnedFd =
+            farmem_sys::fds::keep(unsafe { std::os::fd::FromRawFd::from_raw_fd(old) });
+        let old = std::os::fd::IntoRawFd::into_raw_fd(old);
         self.old_files[gen as usize].store(old, Ordering::Relaxed);
         let mut slots = self.slots.lock();
         self.inherited.fetch_add(slots.live, Ordering::Relaxed);

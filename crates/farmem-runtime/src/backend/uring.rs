@@ -54,7 +54,8 @@ fn new_ring() -> io::Result<IoUring> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: a fresh descriptor, owned here.
-    let high = farmem_sys::fds::keep(unsafe { std::os::fd::FromRawFd::from_raw_fd(dup) });
+    let high: std::os::fd::OwnedFd =
+        farmem_sys::fds::keep(unsafe { std::os::fd::FromRawFd::from_raw_fd(dup) });
     let fd = std::os::fd::IntoRawFd::into_raw_fd(high);
     // SAFETY: `fd` names the same ring as `first`, whose parameters these are.
     match unsafe { IoUring::from_fd(fd, first.params().clone()) } {

@@ -351,9 +351,7 @@ impl Conn {
         s.set_read_timeout(Some(POLL_INTERVAL))?;
         s.set_write_timeout(Some(WRITE_TIMEOUT))?;
         // Both out of the program's way (it may close every descriptor it did not open).
-        let reader = std::net::TcpStream::from(farmem_sys::fds::keep(std::os::fd::OwnedFd::from(
-            s.try_clone()?,
-        )));
+        let reader = farmem_sys::fds::keep(s.try_clone()?);
         let mut guard = self.writer.lock();
         let resend: Vec<(Arc<[u8]>, Option<RawPages>)> = self
             .pending

@@ -86,9 +86,7 @@ pub(crate) fn open(
         match TcpStream::connect_timeout(a, CONNECT_TIMEOUT) {
             Ok(s) => {
                 // Out of the program's way (it may close every descriptor it did not open).
-                stream = Some(TcpStream::from(farmem_sys::fds::keep(
-                    std::os::fd::OwnedFd::from(s),
-                )));
+                stream = Some(farmem_sys::fds::keep(s));
                 break;
             }
             Err(e) => last = Some(e),
