@@ -212,6 +212,27 @@ fn erlang_map_ets_and_a_port_command() {
     assert_heap_was_far(&native, &far);
 }
 
+/// bash writing through descriptors of its choosing (`exec 5>>log`, `exec 3>file`, as
+/// configure scripts do) with an array of 60,000 strings mostly far. The runtime's control
+/// socket thread once waited in `accept`, which holds the lowest free descriptor number
+/// for the whole wait: `exec 3>file` failed with "Device or resource busy".
+#[test]
+fn bash_redirections_onto_descriptors_of_its_choosing() {
+    let s = Scratch::new("bash-redirect");
+    let dir = s.path("files");
+    std::fs::create_dir_all(&dir).unwrap();
+    let prog = Prog::new(require("/usr/bin/bash", "bash"))
+        .arg(program_file("redirect.sh"))
+        .arg(dir.to_str().unwrap());
+    let (native, far) = native_then_quarter("bash redirect.sh", &prog, &s);
+    let out = String::from_utf8_lossy(&native.stdout);
+    assert!(
+        out.contains("through 3: entry 3000") && out.contains("heap checked"),
+        "unexpected output: {out}"
+    );
+    assert_heap_was_far(&native, &far);
+}
+
 /// Deterministic lines for sort: a pseudo-random hex key, the line number, some text.
 fn write_sort_input(path: &std::path::Path, lines: u64) -> u64 {
     let mut w = BufWriter::new(std::fs::File::create(path).unwrap());

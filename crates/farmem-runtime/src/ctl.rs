@@ -79,8 +79,36 @@ fn serve(listener: UnixListener, rt: crate::Runtime) {
     crate::fetch::warm_thread_locals();
     // SAFETY: getuid has no preconditions.
     let me = unsafe { libc::getuid() };
-    for conn in listener.incoming() {
-        let Ok(mut s) = conn else { continue };
+    // Never blocked in `accept`: the kernel takes the new connection's descriptor number
+    // when `accept` starts, and holds it while it waits. That number, the lowest free one
+    // when the thread started (3 in a forked child), stayed taken for good, and the
+    // program's `dup2` onto it failed with EBUSY (BEAM's forker child lost its socket to
+    // its parent that way). So the thread waits in `poll`, which takes none, and accepts
+    // only what has arrived.
+    if let Err(e) = listener.set_nonblocking(true) {
+        tracing::warn!("control socket not served: {e}");
+        return;
+    }
+    loop {
+        let mut p = libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut p, 1, -1) };
+        if r < 0 || p.revents & libc::POLLNVAL != 0 {
+            if r < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return;
+        }
+        let Ok((s, _)) = listener.accept() else {
+            continue;
+        };
+        // Out of the program's way while it is answered (up to the read timeout).
+        let mut s = farmem_sys::fds::keep(s);
+        let _ = s.set_nonblocking(false);
         let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
         let reply = match peer_uid(&s) {
             Some(uid) if uid == me || uid == 0 => answer(&mut s, &rt),

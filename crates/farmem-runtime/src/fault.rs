@@ -91,8 +91,9 @@ impl FaultServer {
         }
     }
 
-    /// Read what is pending on the userfaultfd and serve it. Returns events read.
-    fn poll_events(&mut self, st: &State) -> usize {
+    /// Read what is pending on the userfaultfd and serve it, calling `before_serving` with
+    /// each fault's thread while that thread still waits in its fault. Returns events read.
+    fn poll_events(&mut self, st: &State, before_serving: &mut dyn FnMut(u32)) -> usize {
         let n = match st.uffd.read_events(&mut self.msgs) {
             Ok(n) => n,
             Err(e) => {
@@ -123,6 +124,7 @@ impl FaultServer {
             if self.logging {
                 log_fault(&f);
             }
+            before_serving(tid);
             if !self.serve(st, f) {
                 self.pending.push_back(f);
             }
@@ -255,7 +257,7 @@ impl FaultServer {
     /// Serve events on behalf of a busy fault thread (control thread).
     pub(crate) fn steal(&mut self, st: &State) {
         loop {
-            let n = self.poll_events(st);
+            let n = self.poll_events(st, &mut |_| {});
             add(&st.stats.c.stolen_faults, n as u64);
             self.retry_pending(st);
             if n == 0 && self.pending.is_empty() {
@@ -274,7 +276,7 @@ impl FaultServer {
 pub(crate) fn serve_until(st: &State, done: impl Fn() -> bool) {
     let mut server = FaultServer::new();
     while !done() {
-        let n = server.poll_events(st);
+        let n = server.poll_events(st, &mut |_| {});
         server.retry_pending(st);
         if n == 0 && server.pending.is_empty() {
             let mut fd = libc::pollfd {
@@ -317,7 +319,11 @@ pub(crate) fn run(st: Arc<State>) {
         let pass = gate::enter();
         st.fault_busy_since.store(st.now_ns(), Ordering::Release);
         st.protect_handoff.serve(&st.handoff_cx());
-        let n = server.poll_events(&st);
+        let n = server.poll_events(&st, &mut |tid| {
+            if let Some(p) = placement.as_mut() {
+                p.before_serving(tid);
+            }
+        });
         server.retry_pending(&st);
         // Prefetches that have arrived are mapped now, before the program reaches them.
         readahead::complete_arrived(&st);

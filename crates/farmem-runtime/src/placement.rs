@@ -406,6 +406,16 @@ impl Placement {
         (sh.program_tid.load(Ordering::Acquire) == tid && self.pinned == Some(cpu)).then_some(cpu)
     }
 
+    /// A fault of program thread `tid` is about to be served (the thread waits in it): the
+    /// moment to open the `/proc` file a look wanted for it. Opened by this thread while the
+    /// program runs, it would take a descriptor number for a moment that the program may be
+    /// about to count on (`farmem_sys::proc_file`).
+    pub(crate) fn before_serving(&mut self, tid: u32) {
+        if self.where_threads_run.wanted() == Some(tid) {
+            self.where_threads_run.open(tid);
+        }
+    }
+
     /// About to sleep in `poll`.
     pub(crate) fn before_sleep(&mut self) {
         self.slept = true;

@@ -33,7 +33,7 @@ const FALL_SHIFT: u32 = 4;
 
 /// Anonymous resident pages of this process (resident less file-backed and shared).
 fn anon_resident_pages() -> Option<usize> {
-    let s = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let s = farmem_sys::proc_file::STATM.read().ok()?;
     let mut f = s.split_whitespace().skip(1);
     let resident: usize = f.next()?.parse().ok()?;
     let shared: usize = f.next()?.parse().ok()?;

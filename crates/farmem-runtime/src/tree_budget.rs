@@ -560,7 +560,7 @@ fn follow_unattributed(before: isize, now: isize) -> isize {
 
 /// `Anonymous` and `Pss_Anon` of `/proc/self/smaps_rollup`, KiB.
 fn anon_and_pss() -> Option<(u64, u64)> {
-    let s = std::fs::read_to_string("/proc/self/smaps_rollup").ok()?;
+    let s = farmem_sys::proc_file::SMAPS_ROLLUP.read().ok()?;
     let field = |name: &str| -> Option<u64> {
         let line = s.lines().find(|l| l.starts_with(name))?;
         line[name.len()..].split_whitespace().next()?.parse().ok()
@@ -571,7 +571,7 @@ fn anon_and_pss() -> Option<(u64, u64)> {
 /// `Rss` and `Pss` of this process's mappings inside `[start, start + len)` (`/proc/self/
 /// smaps`), KiB.
 fn range_rss_pss((start, len): (usize, usize)) -> Option<(u64, u64)> {
-    let s = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let s = farmem_sys::proc_file::SMAPS.read().ok()?;
     let end = start + len;
     let (mut inside, mut rss, mut pss) = (false, 0u64, 0u64);
     for line in s.lines() {

@@ -10,6 +10,10 @@ use crate::{control, fault, thread, watchdog};
 
 /// Start the threads, whose handles the state keeps (joined at shutdown).
 pub(crate) fn start(st: &Arc<State>) -> Result<()> {
+    // The `/proc` files they read over and over, opened here on the program's thread: a
+    // runtime thread opening one would take a number the program counts on for a moment
+    // (`farmem_sys::proc_file`).
+    farmem_sys::proc_file::prepare();
     let mut threads: Vec<JoinHandle<()>> = Vec::new();
     for i in 0..st.cfg.fault_threads {
         let s = st.clone();

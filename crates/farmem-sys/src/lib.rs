@@ -8,6 +8,7 @@ pub mod fds;
 pub mod host;
 pub mod mem;
 pub mod mounts;
+pub mod proc_file;
 pub mod process;
 pub mod random;
 pub mod sched;

@@ -13,20 +13,25 @@ pub fn thread_cpu(tid: u32) -> Option<u32> {
 
 /// Reads where one thread at a time last ran, keeping its `/proc` file open: a read of an
 /// open stat file costs ~4.4 us here, opening it too ~11 us.
+///
+/// The file is opened only by [`ThreadCpu::open`], which the fault thread calls while the
+/// thread it names waits in a fault: a runtime thread that opens a file while the program
+/// runs takes a descriptor number the program may count on that moment (a forked child's
+/// `dup2` onto 3 failed with EBUSY while the fault thread opened a stat file at 3).
 #[derive(Default)]
 pub struct ThreadCpu {
     open: Option<(u32, std::fs::File)>,
+    wanted: Option<u32>,
 }
 
 impl ThreadCpu {
-    /// The CPU thread `tid` of this process last ran on (as [`thread_cpu`]).
+    /// The CPU thread `tid` of this process last ran on (as [`thread_cpu`]), if its file is
+    /// open; otherwise `None`, and `tid` is the one [`ThreadCpu::wanted`].
     pub fn of(&mut self, tid: u32) -> Option<u32> {
         use std::os::unix::fs::FileExt;
         if self.open.as_ref().map(|(t, _)| *t) != Some(tid) {
-            let f = std::fs::File::open(format!("/proc/self/task/{tid}/stat")).ok()?;
-            // Out of the program's way (it may close every descriptor it did not open).
-            let f = crate::fds::keep(f);
-            self.open = Some((tid, f));
+            self.wanted = Some(tid);
+            return None;
         }
         let (_, f) = self.open.as_ref()?;
         let mut buf = [0u8; 1024];
@@ -38,6 +43,20 @@ impl ThreadCpu {
             }
         };
         processor_field(&buf[..n])
+    }
+
+    /// The thread whose file [`ThreadCpu::of`] lacked.
+    pub fn wanted(&self) -> Option<u32> {
+        self.wanted
+    }
+
+    /// Open the stat file of thread `tid` (in place of the one open), now.
+    pub fn open(&mut self, tid: u32) {
+        self.wanted = None;
+        self.open = std::fs::File::open(format!("/proc/self/task/{tid}/stat"))
+            .ok()
+            // Out of the program's way (it may close every descriptor it did not open).
+            .map(|f| (tid, crate::fds::keep(f)));
     }
 }
 
@@ -157,9 +176,15 @@ mod tests {
         assert_eq!(thread_cpu(tid), Some(cpu));
         // Still pinned: once the affinity is wide again the thread may move at any time.
         let mut reader = ThreadCpu::default();
+        assert_eq!(reader.of(tid), None, "not opened yet");
+        assert_eq!(reader.wanted(), Some(tid));
+        reader.open(tid);
+        assert_eq!(reader.wanted(), None);
         assert_eq!(reader.of(tid), Some(cpu));
         assert_eq!(reader.of(tid), Some(cpu), "again, from the open file");
         assert_eq!(reader.of(u32::MAX), None);
+        reader.open(u32::MAX);
+        assert_eq!(reader.of(u32::MAX), None, "no such thread");
         set_affinity(tid, &allowed).unwrap();
         assert!(same_set(&affinity_of(tid).unwrap(), &allowed));
         assert!(same_set(&words_to_set(&set_to_words(&allowed)), &allowed));

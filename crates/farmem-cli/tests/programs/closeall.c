@@ -6,8 +6,13 @@
  *  2. closefrom(3), close() of every number up to 4096, and dup2() onto every number up to
  *     1100 (closed again after): the heap still verifies, and read() from a pipe into a far
  *     buffer still works;
- *  3. fork() (Erlang's helper hung here: the runtime's own descriptor had been closed), the
- *     child closes everything again and verifies and rewrites the heap under eviction;
+ *  3. the lowest free number is the program's, while the runtime evicts and fetches: open()
+ *     returns it and dup2() onto it succeeds (a runtime thread blocked in accept() held it
+ *     for good: a shell's `exec 3>file` failed with EBUSY, and so did the dup2 onto 3 of
+ *     Erlang's forker child, which then lost its socket to its parent);
+ *  4. fork() (Erlang's helper hung here: the runtime's own descriptor had been closed), the
+ *     child checks the lowest free number at once (its runtime threads start as it runs),
+ *     closes everything again and verifies and rewrites the heap under eviction;
  *     the parent verifies its own copy after.
  *
  * Exit status 0 on success; otherwise a message on stderr and a non-zero status.
@@ -15,6 +20,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +63,60 @@ static void close_everything(void) {
             close(fd);
 }
 
+/* open() gives `want`, and dup2() onto it succeeds. A runtime thread may take a number for
+ * a moment (the kernel fails a dup2 onto a number another thread is opening); a number held
+ * for good fails every try. */
+static int lowest_is_mine(int want) {
+    for (int attempt = 0; attempt < 3; attempt++) {
+        if (attempt > 0)
+            usleep(10000);
+        int got = open("/dev/null", O_RDONLY);
+        if (got < 0)
+            die("open /dev/null");
+        close(got);
+        if (got != want)
+            continue;
+        if (dup2(1, want) != want)
+            continue;
+        close(want);
+        return 1;
+    }
+    return 0;
+}
+
+/* dup2() onto `fd`, which the program does not have open, succeeds (within a few tries). */
+static int free_number_is_mine(int fd) {
+    for (int attempt = 0; attempt < 3; attempt++) {
+        if (attempt > 0)
+            usleep(10000);
+        if (dup2(1, fd) == fd) {
+            close(fd);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void numbers_are_the_programs(unsigned char **b, int n, uint64_t seed, int rounds) {
+    /* Every number below 64 the program has not open takes a dup2 (one held by a runtime
+     * thread waiting in accept() is not open, and is not the lowest free either). */
+    for (int fd = 3; fd < 64; fd++)
+        if (fcntl(fd, F_GETFD) < 0 && errno == EBADF && !free_number_is_mine(fd))
+            die("dup2 onto a descriptor number the program has not open");
+    int lowest = open("/dev/null", O_RDONLY);
+    if (lowest < 0)
+        die("open /dev/null");
+    close(lowest);
+    for (int r = 0; r < rounds; r++) {
+        if (!lowest_is_mine(lowest))
+            die("the lowest free descriptor is not the program's (open or dup2 onto it)");
+        /* A share of the heap read back: faults, evictions and the runtime's threads busy. */
+        int share = n / 8;
+        int first = (r % 8) * share;
+        check(b + first, share, seed + (uint64_t)first * 1000003);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: closeall MIB\n");
@@ -93,12 +153,17 @@ int main(int argc, char **argv) {
     close(p[0]);
     close(p[1]);
 
+    step = "the lowest free descriptor";
+    numbers_are_the_programs(b, n, 1, 16);
+
     step = "forking";
     fill(b, n, 2);
     pid_t pid = fork();
     if (pid < 0)
         die("fork");
     if (pid == 0) {
+        step = "the lowest free descriptor in the child";
+        numbers_are_the_programs(b, n, 2, 8);
         step = "in the child";
         close_everything();
         check(b, n, 2);
