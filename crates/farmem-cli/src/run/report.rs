@@ -106,7 +106,13 @@ impl Report {
         r.n_others = others.len();
         for (_, _, _, stats) in others {
             for (k, val) in stats {
-                *r.others.entry(k).or_default() += val.as_u64().unwrap_or(0);
+                let val = val.as_u64().unwrap_or(0);
+                let e = r.others.entry(k.clone()).or_default();
+                *e = if summed_over_processes(&k) {
+                    *e + val
+                } else {
+                    (*e).max(val)
+                };
             }
         }
         r
@@ -290,4 +296,15 @@ impl Report {
         });
         serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"
     }
+}
+
+/// Whether the other processes' values of statistic `key` add up (counts) or not: a
+/// latency's quantiles and maximum, a budget, and what the whole tree holds are the
+/// largest over the processes (the sum of 91 compilers' median fetch times is no time).
+fn summed_over_processes(key: &str) -> bool {
+    !(key.ends_with("_p50_ns")
+        || key.ends_with("_p99_ns")
+        || key.ends_with("_max_ns")
+        || key == "budget_bytes"
+        || key == "tree_uncounted_bytes")
 }
