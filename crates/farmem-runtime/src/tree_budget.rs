@@ -243,13 +243,13 @@ pub struct Member {
 
 /// The pages member `me` may be charged, given the tree's budget and every member's charge
 /// (`me` included). Applied by every member to the same view, the shares add up to the
-/// budget: free room is split evenly; over the budget, the members above an even share give
-/// back the excess in proportion to how far above they are (never below the even share).
-/// A pressed member below its even share also claims up to 1/8 of it per measurement, which
-/// puts the tree over and so makes the larger members give room back.
+/// budget: free room is split evenly; over the budget, the members above their fair share
+/// ([`fair_level`]) give back the excess in proportion to how far above they are (never
+/// below it). A pressed member below its fair share also claims up to 1/8 of it per
+/// measurement, which puts the tree over and so makes the larger members give room back.
 pub fn share(budget: usize, members: &[Member], me: usize) -> usize {
     let n = members.len().max(1);
-    let fair = budget / n;
+    let fair = fair_level(budget, members);
     let mine = members[me];
     let total: usize = members.iter().map(|m| m.charged).sum();
     let claim = if mine.pressed && mine.charged < fair {
@@ -268,6 +268,31 @@ pub fn share(budget: usize, members: &[Member], me: usize) -> usize {
     let excess: usize = members.iter().map(|m| m.charged.saturating_sub(fair)).sum();
     let cut = (over as u128 * (mine.charged - fair) as u128).div_ceil(excess.max(1) as u128);
     mine.charged.saturating_sub(cut as usize).max(fair)
+}
+
+/// The fair share of the members that want more (max-min fairness, water-filling): a member
+/// that is not evicting wants no more than it holds, and the budget it leaves is split
+/// evenly among the others. Splitting the budget evenly among all members instead held a
+/// compiler started beside another to an even share of a build's nine processes (make,
+/// shells, drivers, assemblers: idle, a few MiB each): 5 MiB of 48, while the compiler
+/// started first kept the rest. `usize::MAX` when every member has what it wants.
+pub fn fair_level(budget: usize, members: &[Member]) -> usize {
+    let mut wants: Vec<usize> = members
+        .iter()
+        .map(|m| if m.pressed { usize::MAX } else { m.charged })
+        .collect();
+    wants.sort_unstable();
+    let mut left = budget;
+    let mut k = wants.len();
+    for w in wants {
+        if w != usize::MAX && (w as u128) * (k as u128) <= left as u128 {
+            left -= w;
+            k -= 1;
+        } else {
+            return left / k;
+        }
+    }
+    usize::MAX
 }
 
 /// What a member's measurement found, in pages.
@@ -642,10 +667,11 @@ mod tests {
         ];
         for v in views {
             let total: usize = (0..v.len()).map(|i| share(1000, v, i)).sum();
+            let fair = fair_level(1000, v);
             let claims: usize = v
                 .iter()
-                .filter(|x| x.pressed && x.charged < 1000 / v.len())
-                .map(|x| (1000 / v.len() - x.charged).min(1000 / v.len() / 8))
+                .filter(|x| x.pressed && x.charged < fair)
+                .map(|x| (fair - x.charged).min(fair / 8))
                 .sum();
             assert!(total <= 1000 + claims, "{v:?}: {total}");
             assert!(total >= 1000 - v.len(), "{v:?}: {total}");
@@ -669,6 +695,38 @@ mod tests {
         let v = [m(600, false), m(900, true)];
         assert_eq!(share(1000, &v, 0), 500);
         assert_eq!(share(1000, &v, 1), 500);
+    }
+
+    #[test]
+    fn idle_members_leave_the_rest_to_the_ones_that_evict() {
+        // A build: make, two shells, two drivers (idle, small) and two compilers, one holding
+        // most of the budget, one just started and evicting.
+        let mut v = vec![
+            m(20, false),
+            m(10, false),
+            m(10, false),
+            m(20, false),
+            m(20, false),
+        ];
+        v.push(m(900, true));
+        v.push(m(0, true));
+        assert_eq!(fair_level(1000, &v), 460, "(1000 - 80) / 2, not 1000 / 7");
+        let new = v.len() - 1;
+        assert_eq!(share(1000, &v, new), 57, "claims an eighth of 460");
+        // Claiming puts the tree over: the old compiler gives back down to its fair share.
+        v[new].charged = 400;
+        assert_eq!(share(1000, &v, 5), 520);
+        assert_eq!(share(1000, &v, new), 457);
+        v[new].charged = 460;
+        v[5].charged = 460;
+        assert_eq!(share(1000, &v, 5), 460, "both at the fair share");
+        assert_eq!(share(1000, &v, 0), 20, "the idle keep what they hold");
+        // Nobody evicting: every member has what it wants.
+        assert_eq!(fair_level(1000, &[m(10, false), m(20, false)]), usize::MAX);
+        // An idle member above the level still gives back, down to it.
+        let v = [m(700, false), m(500, true)];
+        assert_eq!(fair_level(1000, &v), 500);
+        assert_eq!(share(1000, &v, 0), 500);
     }
 
     #[test]
