@@ -64,8 +64,9 @@ pub struct Options {
     /// far pages far, with a runtime of its own): a size. Each process then has a budget of
     /// its own (the program and what it executes --local-mem each), so a parent with two
     /// workers may hold three budgets locally. Default: one budget, --local-mem, shared by
-    /// every process of the program, as a cgroup's limit: free room is split evenly, and a
-    /// process that needs room gets up to an even share back from larger ones.
+    /// every process of the program, as a cgroup's limit: free room is split evenly, and the
+    /// processes that need room get up to a fair share back from larger ones (what those
+    /// that do not evict leave, split evenly among them).
     #[arg(long, value_name = "SIZE")]
     fork_local_mem: Option<String>,
     /// The program's peak memory, for a percentage --local-mem (e.g. 4G).
