@@ -385,9 +385,12 @@ const EXTENT_BLOCK: usize = 64;
 /// while the program has never needed more than its budget: to the end of its block of
 /// [`demand::FRESH_BLOCK`] pages where it grows resident memory (the page before it is
 /// present); inside an allocation the allocator told of (`extents`), to the end of its block
-/// of [`EXTENT_BLOCK`] pages (within the allocation) where it grows resident memory or
-/// starts the allocation (a language runtime's heap page or region is filled from its
-/// start). Sparse first touches (a page here and there of a large mapping) get no more than
+/// of [`EXTENT_BLOCK`] pages (within the allocation) where it grows resident memory, and of
+/// [`demand::FRESH_BLOCK`] pages where it starts the allocation (a language runtime's heap
+/// page or region is filled from its start, and grows from there; a block used only at its
+/// start, mimalloc's 2.25 MiB of bookkeeping in every process, kept 63 pages of zeros
+/// resident when its first fault filled 64: an idle C program's anonymous memory went from
+/// 964 to 760 KiB, the JVM test's peak from 160 to 144 MiB, at the same speed). Sparse first touches (a page here and there of a large mapping) get no more than
 /// they touch: memory the program never uses is never made resident for it.
 fn fresh_block_end(st: &State, reg: &crate::regions::RegionInfo, vpn: usize) -> Option<usize> {
     if st.over_budget_once.load(Ordering::Relaxed) || table::slot(vpn).load().is_far() {
@@ -395,7 +398,8 @@ fn fresh_block_end(st: &State, reg: &crate::regions::RegionInfo, vpn: usize) -> 
     }
     let grows = vpn > reg.first_vpn() && table::slot(vpn - 1).load().is_present();
     match st.extents.around(vpn) {
-        Some(e) if grows || vpn == e.start => Some(e.end.min((vpn | (EXTENT_BLOCK - 1)) + 1)),
+        Some(e) if grows => Some(e.end.min((vpn | (EXTENT_BLOCK - 1)) + 1)),
+        Some(e) if vpn == e.start => Some(e.end.min((vpn | (demand::FRESH_BLOCK - 1)) + 1)),
         _ if grows => Some((vpn | (demand::FRESH_BLOCK - 1)) + 1),
         _ => None,
     }

@@ -181,9 +181,11 @@ fn speculative_zero_fills_run_to_the_end_of_a_known_allocation_and_stop_there() 
 }
 
 /// Inside an allocation the allocator reported, fresh memory filled from the allocation's
-/// start is zero-filled 64 pages at a time (a language runtime's heap page or region: V8's
-/// are 64 pages, filled from their header on), never past the allocation's end; touches in
-/// the middle of an allocation that grow nothing get only their page. (Fault read-ahead is
+/// start is zero-filled 64 pages at a time once it grows (a language runtime's heap page or
+/// region: V8's are 64 pages, filled from their header on), 16 at its first page (a block
+/// used only at its start, such as mimalloc's bookkeeping, kept 63 untouched pages of zeros
+/// resident in every process), never past the allocation's end; touches in the middle of an
+/// allocation that grow nothing get only their page. (Fault read-ahead is
 /// off: the counts are the zero-fill's alone; one raced fault per block is allowed, as in
 /// the test above. A faulting thread resumes once its own page is in, before the rest of
 /// the block is installed and counted: each phase lets the counts settle.)
@@ -217,6 +219,17 @@ fn allocations_filled_from_their_start_fault_once_per_64_pages() {
     assert!(
         after.pages_installed - before.pages_installed <= 10,
         "past the allocation's end: {after}"
+    );
+    // A large allocation used only at its start: 16 pages, not 64.
+    rt.mark_allocated(base + 768 * PAGE_SIZE, 128 * PAGE_SIZE);
+    let before = rt.stats();
+    wr_at(&r, 768 * PAGE_SIZE, 1);
+    settle();
+    let after = rt.stats();
+    assert_eq!(
+        after.pages_installed - before.pages_installed,
+        16,
+        "{after}"
     );
     // Sparse touches inside a large allocation, none at its start: a page each.
     rt.mark_allocated(base + 1024 * PAGE_SIZE, 2048 * PAGE_SIZE);
