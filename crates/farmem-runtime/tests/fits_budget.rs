@@ -210,40 +210,27 @@ fn allocations_filled_from_their_start_fault_once_per_64_pages() {
         (4..=8).contains(&faults(&rt)),
         "one fault per 64 pages: {s}"
     );
+    // Pages installed by `touch` in an allocation of `pages` at page `at` of the region.
+    let installed_by = |at: usize, pages: usize, touch: &dyn Fn()| {
+        rt.mark_allocated(base + at * PAGE_SIZE, pages * PAGE_SIZE);
+        let before = rt.stats().pages_installed;
+        touch();
+        settle();
+        rt.stats().pages_installed - before
+    };
     // A small allocation: its start fills it, and nothing past it.
-    rt.mark_allocated(base + 512 * PAGE_SIZE, 10 * PAGE_SIZE);
-    let before = rt.stats();
-    wr_at(&r, 512 * PAGE_SIZE, 1);
-    settle();
-    let after = rt.stats();
-    assert!(
-        after.pages_installed - before.pages_installed <= 10,
-        "past the allocation's end: {after}"
-    );
+    let n = installed_by(512, 10, &|| wr_at(&r, 512 * PAGE_SIZE, 1));
+    assert!(n <= 10, "past the allocation's end: {n}");
     // A large allocation used only at its start: 16 pages, not 64.
-    rt.mark_allocated(base + 768 * PAGE_SIZE, 128 * PAGE_SIZE);
-    let before = rt.stats();
-    wr_at(&r, 768 * PAGE_SIZE, 1);
-    settle();
-    let after = rt.stats();
-    assert_eq!(
-        after.pages_installed - before.pages_installed,
-        16,
-        "{after}"
-    );
+    let n = installed_by(768, 128, &|| wr_at(&r, 768 * PAGE_SIZE, 1));
+    assert_eq!(n, 16);
     // Sparse touches inside a large allocation, none at its start: a page each.
-    rt.mark_allocated(base + 1024 * PAGE_SIZE, 2048 * PAGE_SIZE);
-    let before = rt.stats();
-    for k in 1..=10 {
-        assert_eq!(rd_at(&r, (1024 + k * 150) * PAGE_SIZE), 0);
-    }
-    settle();
-    let after = rt.stats();
-    assert_eq!(
-        after.pages_installed - before.pages_installed,
-        10,
-        "{after}"
-    );
+    let n = installed_by(1024, 2048, &|| {
+        for k in 1..=10 {
+            assert_eq!(rd_at(&r, (1024 + k * 150) * PAGE_SIZE), 0);
+        }
+    });
+    assert_eq!(n, 10);
     for p in 0..256 {
         assert_eq!(rd_at(&r, p * PAGE_SIZE), p as u64 + 3, "page {p}");
     }
