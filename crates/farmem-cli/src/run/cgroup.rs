@@ -93,8 +93,13 @@ impl Drop for TreeCgroup {
                 }
             }
         }
+        // A daemon the program started (`redis-server --daemonize yes`, `tmux new -d`) is
+        // the usual reason: it keeps running, under farmem, after the program ended.
+        let procs = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
         tracing::warn!(
-            "the program's cgroup {} still has processes: left in place",
+            "{} process(es) of the program still run after it ended (a daemon it started?): \
+             its memory cgroup {} stays until they end, and a later farmem run removes it",
+            procs.lines().count(),
             self.dir.display()
         );
     }
