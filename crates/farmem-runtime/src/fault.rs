@@ -390,8 +390,9 @@ const EXTENT_BLOCK: usize = 64;
 /// page or region is filled from its start, and grows from there; a block used only at its
 /// start, mimalloc's 2.25 MiB of bookkeeping in every process, kept 63 pages of zeros
 /// resident when its first fault filled 64: an idle C program's anonymous memory went from
-/// 964 to 760 KiB, the JVM test's peak from 160 to 144 MiB, at the same speed). Sparse first touches (a page here and there of a large mapping) get no more than
-/// they touch: memory the program never uses is never made resident for it.
+/// 964 to 760 KiB, the JVM test's peak from 160 to 144 MiB, at the same speed). Sparse
+/// first touches (a page here and there of a large mapping) get no more than they touch:
+/// memory the program never uses is never made resident for it.
 fn fresh_block_end(st: &State, reg: &crate::regions::RegionInfo, vpn: usize) -> Option<usize> {
     if st.over_budget_once.load(Ordering::Relaxed) || table::slot(vpn).load().is_far() {
         return None;

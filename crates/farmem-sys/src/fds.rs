@@ -11,7 +11,7 @@
 //! programs pick, and listed here ([`keep`]); the transparent mode's `close`, `close_range`,
 //! `closefrom`, `dup2` and `dup3` leave listed descriptors alone.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
 /// Most descriptors listed at once (the runtime keeps a handful per process).
@@ -43,22 +43,33 @@ fn high_base() -> Option<RawFd> {
 /// number, listed all the same.
 pub fn keep<T: From<OwnedFd> + Into<OwnedFd>>(fd: T) -> T {
     let fd: OwnedFd = fd.into();
-    let fd = match high_base() {
-        Some(base) => {
-            // SAFETY: F_DUPFD_CLOEXEC on a descriptor we own returns a new one or -1.
-            let n = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, base) };
-            if n >= 0 {
-                // SAFETY: a fresh descriptor from the kernel, owned here; the old one is
-                // closed when `fd` drops (it is not listed).
-                unsafe { OwnedFd::from_raw_fd(n) }
-            } else {
-                fd
-            }
-        }
+    let fd = match high_copy(fd.as_fd()) {
+        // The old number is closed as `fd` drops (it is not listed).
+        Some(high) => high,
         None => fd,
     };
     list(fd.as_raw_fd());
     T::from(fd)
+}
+
+/// A listed copy of `fd`, at a high number where one is free: for a descriptor something
+/// else owns (a ring, a stream's other half), made without a passing low number.
+pub fn keep_copy(fd: BorrowedFd<'_>) -> std::io::Result<OwnedFd> {
+    let copy = match high_copy(fd) {
+        Some(high) => high,
+        None => fd.try_clone_to_owned()?,
+    };
+    list(copy.as_raw_fd());
+    Ok(copy)
+}
+
+/// A close-on-exec copy of `fd` at a high number, if there is room for one.
+fn high_copy(fd: BorrowedFd<'_>) -> Option<OwnedFd> {
+    let base = high_base()?;
+    // SAFETY: F_DUPFD_CLOEXEC on an open descriptor returns a new one or -1.
+    let n = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, base) };
+    // SAFETY: a fresh descriptor from the kernel, owned by the caller.
+    (n >= 0).then(|| unsafe { OwnedFd::from_raw_fd(n) })
 }
 
 fn list(fd: RawFd) {

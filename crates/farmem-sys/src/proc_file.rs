@@ -78,8 +78,9 @@ fn read_from_start(fd: RawFd) -> io::Result<String> {
     // SAFETY: `fd` is open (kept by this module, closed only when replaced); the File is
     // turned back into a number below, so it never closes it.
     let f = unsafe { File::from_raw_fd(fd) };
-    let mut out = Vec::with_capacity(4096);
-    let mut chunk = vec![0u8; 64 << 10];
+    let mut out = Vec::new();
+    // On the stack: `statm` comes in one read every 10 ms, with nothing to allocate for it.
+    let mut chunk = [0u8; 16 << 10];
     let r = loop {
         match f.read_at(&mut chunk, out.len() as u64) {
             Ok(0) => break Ok(()),
@@ -123,7 +124,7 @@ mod tests {
 
     #[test]
     fn a_file_longer_than_one_read_comes_whole() {
-        // smaps of a process with a few hundred mappings is longer than one 64 KiB read.
+        // smaps of a process with a few hundred mappings is longer than one 16 KiB read.
         let maps: Vec<*mut libc::c_void> = (0..400)
             .map(|i| {
                 // SAFETY: fresh anonymous mappings; alternating protections keep them apart.

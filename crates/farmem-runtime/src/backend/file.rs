@@ -17,7 +17,7 @@
 //! (`pins.rs`).
 
 use std::fs::File;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
@@ -590,18 +590,13 @@ impl FileBackend {
     /// descriptor; evictions go to a new file of the child's own.
     fn become_child(&self) {
         let gen = self.gen();
-        // SAFETY: duplicating a descriptor this object holds open.
-        let old = unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
-        if old < 0 {
-            farmem_sys::process::fatal(&format!(
-                "fork: cannot keep the parent's far file open in the child: {}",
-                std::io::Error::last_os_error()
-            ));
-        }
-        // SAFETY: the descriptor just made, owned by `old_files` from here on.
-        let old: std::os::fd::OwnedFd =
-            farmem_sys::fds::keep(unsafe { std::os::fd::FromRawFd::from_raw_fd(old) });
-        let old = std::os::fd::IntoRawFd::into_raw_fd(old);
+        // Owned by `old_files` from here on.
+        let old = match farmem_sys::fds::keep_copy(self.file.as_fd()) {
+            Ok(old) => std::os::fd::IntoRawFd::into_raw_fd(old),
+            Err(e) => farmem_sys::process::fatal(&format!(
+                "fork: cannot keep the parent's far file open in the child: {e}"
+            )),
+        };
         self.old_files[gen as usize].store(old, Ordering::Relaxed);
         let mut slots = self.slots.lock();
         self.inherited.fetch_add(slots.live, Ordering::Relaxed);

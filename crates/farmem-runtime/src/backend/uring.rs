@@ -14,7 +14,7 @@
 
 use std::cell::RefCell;
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use io_uring::{opcode, types, IoUring};
@@ -48,14 +48,8 @@ struct Ring {
 /// again through a high duplicate of its descriptor, and the first mapping let go.
 fn new_ring() -> io::Result<IoUring> {
     let first = IoUring::new(RING_ENTRIES)?;
-    // SAFETY: duplicating a descriptor `first` holds open.
-    let dup = unsafe { libc::fcntl(first.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
-    if dup < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor, owned here.
-    let high: std::os::fd::OwnedFd =
-        farmem_sys::fds::keep(unsafe { std::os::fd::FromRawFd::from_raw_fd(dup) });
+    // SAFETY: `first` holds its descriptor open while it is borrowed here.
+    let high = farmem_sys::fds::keep_copy(unsafe { BorrowedFd::borrow_raw(first.as_raw_fd()) })?;
     let fd = std::os::fd::IntoRawFd::into_raw_fd(high);
     // SAFETY: `fd` names the same ring as `first`, whose parameters these are.
     match unsafe { IoUring::from_fd(fd, first.params().clone()) } {

@@ -14,6 +14,7 @@
 use std::collections::BTreeMap;
 use std::io::{IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -351,7 +352,7 @@ impl Conn {
         s.set_read_timeout(Some(POLL_INTERVAL))?;
         s.set_write_timeout(Some(WRITE_TIMEOUT))?;
         // Both out of the program's way (it may close every descriptor it did not open).
-        let reader = farmem_sys::fds::keep(s.try_clone()?);
+        let reader = TcpStream::from(farmem_sys::fds::keep_copy(s.as_fd())?);
         let mut guard = self.writer.lock();
         let resend: Vec<(Arc<[u8]>, Option<RawPages>)> = self
             .pending
