@@ -124,12 +124,21 @@ pub fn close_kept(fd: RawFd) {
     unsafe { libc::syscall(libc::SYS_close, fd) };
 }
 
+/// Held by the tests of this crate that list descriptors: the list is the process's, and a
+/// number closed by one test may be listed again at once by another running beside it.
+#[cfg(test)]
+pub(crate) fn serial_for_tests() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn kept_descriptors_move_high_and_are_listed_until_forgotten() {
+        let _serial = serial_for_tests();
         // SAFETY: eventfd has no memory-safety preconditions.
         let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         assert!(raw >= 0);

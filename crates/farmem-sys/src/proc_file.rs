@@ -100,6 +100,7 @@ mod tests {
 
     #[test]
     fn a_prepared_file_reads_fresh_text_each_time_from_a_kept_descriptor() {
+        let _serial = crate::fds::serial_for_tests();
         let f = ProcFile::new("/proc/self/statm");
         // Not prepared: read all the same.
         assert!(f.read().unwrap().split_whitespace().count() >= 7);
@@ -124,6 +125,7 @@ mod tests {
 
     #[test]
     fn a_file_longer_than_one_read_comes_whole() {
+        let _serial = crate::fds::serial_for_tests();
         // smaps of a process with a few hundred mappings is longer than one 16 KiB read.
         let maps: Vec<*mut libc::c_void> = (0..400)
             .map(|i| {

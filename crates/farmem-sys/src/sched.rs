@@ -165,6 +165,7 @@ mod tests {
 
     #[test]
     fn a_thread_runs_where_its_stat_says() {
+        let _serial = crate::fds::serial_for_tests();
         // SAFETY: gettid has no arguments.
         let tid = unsafe { libc::gettid() } as u32;
         let allowed = allowed_cpus().unwrap();
