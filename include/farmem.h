@@ -56,7 +56,7 @@ struct fm_stats {
     uint64_t fault_predicted_pages, fault_prefetch_used, fault_prefetch_wasted;
     uint64_t recent_refaults, prefetch_dropped_late, watchdog_reports;
     uint64_t fault_thread_moves, follow_pauses, protect_handoffs, protect_handoffs_withdrawn;
-    uint64_t neighbour_reads, blocks_compacted;
+    uint64_t neighbour_reads, blocks_compacted, room_waits;
     uint64_t budget_bytes, resident_pages, peak_resident_pages, backend_bytes, prefetch_inflight;
     uint64_t fetch_p50_ns, fetch_p99_ns, fetch_max_ns;
     uint64_t evict_p50_ns, evict_p99_ns, evict_max_ns;

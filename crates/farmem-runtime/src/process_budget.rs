@@ -50,7 +50,9 @@ pub(crate) fn set_asked(st: &State, pages: usize) {
     apply(st);
 }
 
-/// From the control thread: measure again if it is time.
+/// Measure again if it is time: from the control thread, and from a thread waiting for
+/// budget (`reclaim::reserve`). One measurement at a time: the one that claims the time runs
+/// it, the others go on.
 pub(crate) fn refresh(st: &State) {
     if st.cfg.budget_scope != BudgetScope::Process {
         return;
@@ -61,8 +63,13 @@ pub(crate) fn refresh(st: &State) {
     if last != 0 && now.saturating_sub(last) < EVERY_NS {
         return;
     }
-    st.budget_checked_ns.store(now.max(1), Ordering::Relaxed);
-    apply(st);
+    if st
+        .budget_checked_ns
+        .compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Relaxed)
+        .is_ok()
+    {
+        apply(st);
+    }
 }
 
 /// The regions' budget from the asked one (or this process's share of its tree's) and the
@@ -81,14 +88,16 @@ fn apply(st: &State) {
     let other = smooth(st, anon.saturating_sub(resident + far_tiers));
     st.other_pages.store(other, Ordering::Relaxed);
     let unshared = anon.saturating_sub(far_tiers);
-    let evicted = st.stats.c.pages_evicted.load(Ordering::Relaxed);
+    // Wanting more room shows as evictions, or as waits where nothing could be evicted.
+    let pressure = st.stats.c.pages_evicted.load(Ordering::Relaxed)
+        + st.stats.c.room_waits.load(Ordering::Relaxed);
     match st.tree.as_ref().and_then(|t| {
         t.measure(
             asked,
             unshared,
             far_tiers,
             store_apart(st, anon, far_tiers),
-            evicted,
+            pressure,
         )
     }) {
         Some(m) => {

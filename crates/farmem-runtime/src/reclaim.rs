@@ -24,8 +24,17 @@ use crate::stats::add;
 use crate::workingset::PageTableUse;
 
 /// Reserve `n` pages of budget, reclaiming on this thread if none is free.
+///
+/// A thread that finds no budget free and nothing it can evict waits, but never on another
+/// thread alone: it measures the budget itself (the control thread, which otherwise does, may
+/// be the one waiting here, serving a fault it stole) and its wait makes the process count as
+/// pressed in its tree's budget, which then gives it a share (a process that could evict
+/// nothing never counted as pressed and was held to what it had). Past [`STALL_LIMIT`] it
+/// takes the pages beyond the budget: a `cat` started under a tree at its limit, whose few
+/// resident pages were all in use, hung for good in its first `setlocale`.
 pub(crate) fn reserve(st: &State, n: usize) {
     let mut idle_rounds = 0u32;
+    let mut stalled_since: Option<Instant> = None;
     loop {
         if st.reclaim_paused.load(Ordering::Acquire) {
             // A fork is bringing far pages back: nothing may be evicted until it is done.
@@ -49,25 +58,35 @@ pub(crate) fn reserve(st: &State, n: usize) {
         st.kick_control();
         if evict_batch(st, st.cfg.evict_batch.max(n)) > 0 {
             add(&st.stats.c.direct_reclaims, 1);
+            stalled_since = None;
         } else if far_refusing(st) {
             // The far tier refuses pages (quota or capacity) and nothing clean is left to
             // drop: take the pages beyond the budget rather than stall the program. Nothing
             // is lost, and the pressure shows in the statistics and the log.
-            let now = st.resident.fetch_add(n, Ordering::AcqRel) + n;
-            st.stats.note_resident(now as u64);
-            add(&st.stats.c.over_budget_pages, n as u64);
+            take_beyond_budget(st, n);
             return;
         } else {
-            // Everything resident is locked by in-flight work; it will become evictable.
-            idle_rounds += 1;
-            if idle_rounds == 20_000 {
-                tracing::warn!(
-                    resident = st.resident.load(Ordering::Relaxed),
-                    budget = st.budget(),
-                    tracked = st.policy().len(),
-                    "no page can be evicted; waiting for in-flight work"
-                );
+            // Nothing can be evicted now: everything resident is locked by in-flight work
+            // (it will become evictable), or the budget is below what the process needs.
+            let since = *stalled_since.get_or_insert_with(|| {
+                add(&st.stats.c.room_waits, 1);
+                Instant::now()
+            });
+            crate::process_budget::refresh(st);
+            if since.elapsed() > STALL_LIMIT {
+                if !st.stall_warned.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        resident = st.resident.load(Ordering::Relaxed),
+                        budget = st.budget(),
+                        tracked = st.policy().len(),
+                        "no page could be evicted for {STALL_LIMIT:?}: taking pages beyond \
+                         the budget"
+                    );
+                }
+                take_beyond_budget(st, n);
+                return;
             }
+            idle_rounds += 1;
             if idle_rounds > 100 {
                 std::thread::sleep(Duration::from_micros(100));
             } else {
@@ -75,6 +94,18 @@ pub(crate) fn reserve(st: &State, n: usize) {
             }
         }
     }
+}
+
+/// How long a thread waits for a page to become evictable before it takes budget beyond the
+/// limit: in-flight work (an eviction batch written to a server, a fetch) ends well within
+/// it; what outlasts it is a budget the process cannot meet.
+const STALL_LIMIT: Duration = Duration::from_millis(100);
+
+/// Take `n` pages beyond the budget (counted; reclaim brings the process back under it).
+fn take_beyond_budget(st: &State, n: usize) {
+    let now = st.resident.fetch_add(n, Ordering::AcqRel) + n;
+    st.stats.note_resident(now as u64);
+    add(&st.stats.c.over_budget_pages, n as u64);
 }
 
 /// Reserve up to `n` pages without reclaiming (for read-ahead); returns how many.
@@ -488,4 +519,45 @@ fn write_back(st: &State, dirty: &[&Victim]) -> Result<(), BackendError> {
         digest::store(v.vpn, d);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+
+    use farmem_sys::mem::PAGE_SIZE;
+
+    use crate::config::Config;
+    use crate::runtime::Runtime;
+
+    /// A reservation that finds the budget taken and nothing it can evict (here the budget
+    /// is held by pages reserved and not installed, as by in-flight work that does not end,
+    /// or by a budget below what the process holds) takes its pages beyond the budget after
+    /// a bounded wait, counted, instead of waiting for good.
+    #[test]
+    fn a_reservation_with_nothing_evictable_goes_beyond_the_budget_rather_than_hang() {
+        let rt = Runtime::new(Config {
+            local_mem: 256 * PAGE_SIZE as u64,
+            ..Config::default()
+        })
+        .expect("a runtime (needs userfaultfd)");
+        let st = rt.state();
+        let held = st.budget() - st.resident.load(Ordering::Relaxed);
+        st.resident.fetch_add(held, Ordering::AcqRel);
+        let t0 = Instant::now();
+        super::reserve(st, 1);
+        let waited = t0.elapsed();
+        let s = rt.stats();
+        st.resident.fetch_sub(held + 1, Ordering::AcqRel);
+        assert!(
+            waited >= super::STALL_LIMIT && waited < Duration::from_secs(30),
+            "waited {waited:?}"
+        );
+        assert_eq!(s.room_waits, 1, "the wait is counted");
+        assert_eq!(
+            s.over_budget_pages, 1,
+            "the page is taken beyond the budget"
+        );
+    }
 }

@@ -198,6 +198,7 @@ impl Runtime {
             inflight: Default::default(),
             reclaim_paused: AtomicBool::new(false),
             over_budget_once: AtomicBool::new(false),
+            stall_warned: AtomicBool::new(false),
             extents: Default::default(),
             evict_gate: Default::default(),
             release_hook: Default::default(),

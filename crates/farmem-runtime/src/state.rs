@@ -96,6 +96,8 @@ pub(crate) struct State {
     /// its peak) keeps every page, instead of losing the free target to evictions it never
     /// needed (a random scan at 100% ran at 0.1x native, refaulting the 1% kept free).
     pub over_budget_once: AtomicBool,
+    /// Whether a thread has warned that no page could be evicted in time (once a process).
+    pub stall_warned: AtomicBool,
     /// The program's allocations, as its allocator reports them (`extents.rs`).
     pub extents: crate::extents::Extents,
     /// Held shared by every eviction batch, exclusively by a fork in preparation, which so

@@ -95,7 +95,7 @@ counters! {
     unmap_syscalls: "Syscalls made to unmap evicted pages.",
     direct_reclaims: "Reclaim batches run by a faulting thread because no budget was free.",
     backend_full: "Write-backs refused by a full far tier (pages kept local).",
-    over_budget_pages: "Pages taken beyond the local budget because the far tier refused pages.",
+    over_budget_pages: "Pages taken beyond the local budget because nothing could be evicted (the far tier refused pages, or no resident page could be evicted for 100 ms).",
     prefetch_batches: "Read-ahead windows fetched asynchronously ahead of sequential hints.",
     prefetch_pages: "Pages in those windows.",
     prefetch_late: "Windows reached before their data had arrived (the scan waited).",
@@ -117,6 +117,7 @@ counters! {
     protect_handoffs_withdrawn: "Of those offered, the ones the fault thread did not take in time (the control thread made them).",
     neighbour_reads: "Next pages read with an unpredicted fault because, on sample faults, the next page faulted soon after (objects straddling pages).",
     blocks_compacted: "Blocks of the in-process store moved out of sparse chunks so that those could be given back (compaction).",
+    room_waits: "Times a thread needing budget found none free and nothing it could evict, and waited (the process then counts as pressed in its tree's budget).",
 }
 
 pub(crate) struct Stats {

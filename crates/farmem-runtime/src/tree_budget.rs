@@ -14,9 +14,10 @@
 //! program farmem does not run.
 //!
 //! Each process then takes a share of the budget ([`share`]): free room is split evenly
-//! among the members, and when the tree is over its budget the members above an even share
-//! give back the excess in proportion; a member that is evicting below its even share
-//! claims room towards it. So a lone process has the whole budget, as before.
+//! among the members, and when the tree is over its budget the members above a fair share
+//! give back the excess in proportion; a member that is evicting (or waiting for room with
+//! nothing it can evict) below its fair share claims room towards it. So a lone process has
+//! the whole budget, as before.
 //!
 //! Pages a forked child shares copy-on-write with its parent are one page of memory, but
 //! both processes' anonymous memory counts them. Members that forked measure how much of
@@ -237,7 +238,7 @@ impl TreeFile {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Member {
     pub charged: usize,
-    /// Evicting (it wants more room than it has).
+    /// Evicting, or waiting for room with nothing to evict (it wants more room than it has).
     pub pressed: bool,
 }
 
@@ -333,8 +334,9 @@ pub struct Membership {
     /// twice, which the cgroup's charge then read as room (the budget rose towards twice
     /// the tree's: the C fork program at 137M peaked at 995 MiB against Linux's 783).
     far_permille: AtomicUsize,
-    /// Pages evicted at the last measurement (to tell a pressed member).
-    evicted_seen: AtomicU64,
+    /// The pressure count (pages evicted plus waits for room) at the last measurement: a
+    /// member whose count moved since is pressed.
+    pressure_seen: AtomicU64,
     /// The tree's cgroup, when it has one this process is in.
     cgroup: Option<crate::cgroup_charge::CgroupCharge>,
     /// Pages the cgroup is charged that no member counts (negative: members count pages
@@ -356,7 +358,7 @@ impl Membership {
             rollup_cost_ns: AtomicU64::new(0),
             may_share: Default::default(),
             far_permille: AtomicUsize::new(1000),
-            evicted_seen: AtomicU64::new(0),
+            pressure_seen: AtomicU64::new(0),
             cgroup,
             unattributed: Default::default(),
         }
@@ -375,7 +377,7 @@ impl Membership {
     pub fn after_fork_in_child(&self, own_budget: bool) {
         self.slot.store(usize::MAX, Ordering::Relaxed);
         self.left.store(own_budget, Ordering::Relaxed);
-        self.evicted_seen.store(0, Ordering::Relaxed);
+        self.pressure_seen.store(0, Ordering::Relaxed);
         self.rollup_ns.store(0, Ordering::Relaxed);
         self.may_share.store(true, Ordering::Relaxed);
     }
@@ -399,15 +401,16 @@ impl Membership {
 
     /// Publish this process's charge (`unshared`: its anonymous pages less the far tiers'
     /// `far`, before the shared correction; `store`: the address range holding the far
-    /// tiers' blocks, if one does) and return what its budget follows from, or None when the
-    /// process is not a member (no room in the file).
+    /// tiers' blocks, if one does; `pressure`: a count that moves while it wants more room)
+    /// and return what its budget follows from, or None when the process is not a member (no
+    /// room in the file).
     pub fn measure(
         &self,
         asked: usize,
         unshared: usize,
         far: usize,
         store: Option<(usize, usize)>,
-        evicted: u64,
+        pressure: u64,
     ) -> Option<Measured> {
         if !self.is_member() {
             return None;
@@ -426,8 +429,8 @@ impl Membership {
         self.refresh_shared(now, unshared, !members.is_empty(), roomy, store);
         let charged = unshared - self.shared_now(unshared);
         let far = far * self.far_permille.load(Ordering::Relaxed) / 1000;
-        let seen = self.evicted_seen.swap(evicted, Ordering::Relaxed);
-        let pressed = evicted != seen;
+        let seen = self.pressure_seen.swap(pressure, Ordering::Relaxed);
+        let pressed = pressure != seen;
         let s = self.file.slot(i);
         s.charged.store(charged as u64, Ordering::Release);
         s.pressed.store(pressed as u32, Ordering::Release);
