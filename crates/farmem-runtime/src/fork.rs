@@ -205,16 +205,24 @@ fn take_over(st: &Arc<State>) {
     st.backend.fork_child();
     if let Some(t) = &st.tree {
         // A member of its own (its budget a share of the tree's), unless given one. Until
-        // its first measurement it holds what it inherited: with the parent's budget, three
-        // workers filling fresh memory at once took the tree 20% over.
+        // its first measurement, one measuring interval after the fork, it holds what it
+        // inherited and one eviction batch more, and evicts only for room it needs (not
+        // ahead, for a free pool): with the parent's budget, three workers filling fresh
+        // memory at once took the tree 20% over; with exactly what it inherited, evicting
+        // ahead and measured at once, every short-lived child (a shell's `$(...)`, a fork
+        // before exec) evicted and wrote back ~200 pages it shared with its parent, which
+        // frees nothing: 2 ms of a subshell's 5. The measurement then evicts it down to its
+        // share if it holds more (`process_budget::set_regions_budget`).
         t.after_fork_in_child(st.cfg.fork_local_mem.is_some());
-        st.budget_checked_ns.store(0, Ordering::Relaxed);
+        st.budget_checked_ns
+            .store(st.now_ns().max(1), Ordering::Relaxed);
         if t.is_member() {
             let resident = st.resident.load(Ordering::Relaxed);
             st.budget.store(
-                resident.max(crate::config::MIN_BUDGET_PAGES),
+                (resident + st.cfg.evict_batch).max(crate::config::MIN_BUDGET_PAGES),
                 Ordering::Release,
             );
+            st.over_budget_once.store(false, Ordering::Relaxed);
         }
     }
     if let Some(bytes) = st.cfg.fork_local_mem {
