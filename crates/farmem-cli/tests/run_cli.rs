@@ -336,6 +336,24 @@ fn stats_json_is_valid_and_has_the_outcome() {
     assert!(by.is_some() && by != pid, "whose statistics: {j}");
     assert_eq!(j["other_processes"], 0, "{j}");
 
+    // A shell (bash, which exits through exit()) that runs three programs: each process
+    // appends its line to the run's statistics file, and the report counts the other three.
+    let o = run_16m_with_stats(
+        &json,
+        &[
+            "/usr/bin/bash",
+            "-c",
+            "/usr/bin/true; /usr/bin/true; /usr/bin/ls / >/dev/null; exit 0",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let j = json.json();
+    assert_eq!(j["other_processes"], 3, "{j}");
+    assert!(
+        j["other_stats"]["pages_installed"].as_u64() > Some(0),
+        "{j}"
+    );
+
     // Killed by a signal: no exit code, the signal.
     let o = run_16m_with_stats(&json, &["sh", "-c", "kill -KILL $$"]);
     assert_eq!(o.status.signal(), Some(libc::SIGKILL), "{}", show(&o));

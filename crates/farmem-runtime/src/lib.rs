@@ -76,7 +76,7 @@ pub use error::{Error, Result};
 pub use farmem_sys::mem::PAGE_SIZE;
 pub use hint::{hint, hint_ex, hint_slow, hint_write, FM_SEQ, FM_WRITE};
 pub use runtime::{Region, Runtime};
-pub use stats::StatsSnapshot;
+pub use stats::{StatsSnapshot, STATS_FILE};
 
 // The wire's page is the machine's page.
 const _: () = assert!(farmem_proto::PAGE_SIZE == farmem_sys::mem::PAGE_SIZE);

@@ -10,6 +10,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 
+/// The file, in `FARMEM_STATS_DIR`, where each process of a `farmem run` appends its
+/// statistics at exit: one JSON line (`pid`, `peak_rss_bytes`, `backend`, `stats`).
+pub const STATS_FILE: &str = "stats.jsonl";
+
 macro_rules! counters {
     ($($name:ident: $doc:literal),* $(,)?) => {
         /// Live counters of one runtime.

@@ -58,25 +58,23 @@ impl Report {
             backend: String::new(),
             trimmed: None,
         };
-        let Ok(entries) = std::fs::read_dir(dir) else {
+        let Ok(text) = std::fs::read_to_string(dir.join(farmem_runtime::STATS_FILE)) else {
             return r;
         };
+        // Each process's line, the last one where a process id wrote twice (one reused).
+        let mut lines: BTreeMap<i32, Map<String, Value>> = BTreeMap::new();
+        for line in text.lines() {
+            // A line cut short (a process killed in its write) is not JSON: skipped.
+            let Ok(Value::Object(v)) = serde_json::from_str::<Value>(line) else {
+                continue;
+            };
+            if let Some(p) = v.get("pid").and_then(Value::as_i64) {
+                lines.insert(p as i32, v);
+            }
+        }
         // (pid, peak resident set, backend, statistics) of the other processes.
         let mut others = Vec::new();
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let Some(p) = name
-                .strip_suffix(".json")
-                .and_then(|s| s.parse::<i32>().ok())
-            else {
-                continue;
-            };
-            let Ok(text) = std::fs::read_to_string(e.path()) else {
-                continue;
-            };
-            let Ok(Value::Object(v)) = serde_json::from_str::<Value>(&text) else {
-                continue;
-            };
+        for (p, v) in lines {
             let stats = v
                 .get("stats")
                 .and_then(Value::as_object)

@@ -18,7 +18,13 @@ pub fn make() -> Result<PathBuf> {
     for i in 0..100u32 {
         let d = base.join(format!("{PREFIX}{}-{i}", std::process::id()));
         match std::fs::create_dir(&d) {
-            Ok(()) => return Ok(d),
+            Ok(()) => {
+                // Made here, once: each process only opens it to append its line.
+                let stats = d.join(farmem_runtime::STATS_FILE);
+                std::fs::File::create(&stats)
+                    .with_context(|| format!("creating {}", stats.display()))?;
+                return Ok(d);
+            }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(e).with_context(|| format!("creating {}", d.display())),
         }
@@ -41,8 +47,8 @@ fn alive(pid: i32) -> bool {
 }
 
 /// Remove the directories of runs whose process is gone, when they hold nothing but the
-/// statistics files a run writes (`*.json`, `faults.*` of `farmem trace`) and its tree budget
-/// file. Best effort: a
+/// statistics files a run writes (`stats.jsonl`, `faults.*` of `farmem trace`) and its tree
+/// budget file. Best effort: a
 /// directory that cannot be read or removed is left.
 fn sweep(base: &Path) {
     let Ok(entries) = std::fs::read_dir(base) else {
@@ -71,13 +77,14 @@ fn only_statistics(dir: &Path) -> bool {
         let n = e.file_name();
         let n = n.to_string_lossy();
         e.file_type().is_ok_and(|t| t.is_file())
-            && (n.ends_with(".json") || n.starts_with("faults.") || n == TREE_FILE)
+            && (n == farmem_runtime::STATS_FILE || n.starts_with("faults.") || n == TREE_FILE)
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    const STATS: &str = farmem_runtime::STATS_FILE;
 
     #[test]
     fn names_of_runs_are_recognized() {
@@ -111,12 +118,12 @@ mod tests {
         };
         let gone = mk(
             &format!("farmem-run-{dead}-0"),
-            &["1.json", "faults.7", TREE_FILE],
+            &[STATS, "faults.7", TREE_FILE],
         );
         let empty = mk(&format!("farmem-run-{dead}-1"), &[]);
-        let live = mk(&format!("farmem-run-{me}-0"), &["1.json"]);
-        let other = mk(&format!("farmem-run-{dead}-2"), &["1.json", "notes.txt"]);
-        let unrelated = mk(&format!("farmem-test-{dead}-0"), &["1.json"]);
+        let live = mk(&format!("farmem-run-{me}-0"), &[STATS]);
+        let other = mk(&format!("farmem-run-{dead}-2"), &[STATS, "notes.txt"]);
+        let unrelated = mk(&format!("farmem-test-{dead}-0"), &[STATS]);
         sweep(&base);
         assert!(!gone.exists() && !empty.exists());
         assert!(live.exists() && other.exists() && unrelated.exists());
