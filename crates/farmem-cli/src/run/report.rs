@@ -258,7 +258,8 @@ impl Report {
         if pages("over_budget_pages") > 0 {
             let _ = writeln!(
                 o,
-                "  far memory refused     {:>10} pages kept local beyond the budget",
+                "  beyond the budget      {:>10} pages kept local (far memory refused them, or \
+                 nothing could be evicted for 100 ms)",
                 pages("over_budget_pages")
             );
         }
