@@ -55,11 +55,7 @@ const BOOKKEEPING_WRITTEN: usize = 96 * farmem_runtime::PAGE_SIZE;
 /// every process's start (the start of an executed `/bin/true`: 1.3 ms, mimalloc's set-up
 /// 580 us of it).
 fn prefill_bookkeeping(base: usize) {
-    let usable = vspace::SPACE
-        .lock()
-        .as_mut()
-        .is_some_and(|s| s.ensure_usable(base, BOOKKEEPING_WRITTEN).is_ok());
-    if usable {
+    if usable(base, BOOKKEEPING_WRITTEN).is_ok() {
         farmem_runtime::hint_ex(
             base as *const u8,
             BOOKKEEPING_WRITTEN,
@@ -67,6 +63,14 @@ fn prefill_bookkeeping(base: usize) {
             0,
             0,
         );
+    }
+}
+
+/// Make `[a, a+len)` of the arena far memory the program may use (idempotent per chunk).
+fn usable(a: usize, len: usize) -> Result<(), String> {
+    match vspace::SPACE.lock().as_mut() {
+        Some(s) => s.ensure_usable(a, len),
+        None => Err("no address space reserved".into()),
     }
 }
 
@@ -104,15 +108,9 @@ extern "C" fn commit(
     let r = std::panic::catch_unwind(|| {
         let a = start as usize;
         if commit {
-            let mut g = vspace::SPACE.lock();
-            match g.as_mut().map(|s| s.ensure_usable(a, size)) {
-                Some(Ok(())) => true,
-                Some(Err(e)) => {
-                    eprintln!("farmem: mimalloc arena: {e}");
-                    false
-                }
-                None => false,
-            }
+            usable(a, size)
+                .map_err(|e| eprintln!("farmem: mimalloc arena: {e}"))
+                .is_ok()
         } else {
             // Purge: drop the pages. mimalloc commits again before reusing them, which is a
             // no-op for chunks already registered. (`_is_zero` is left as mimalloc set it:
