@@ -220,6 +220,11 @@ fn erlang_map_ets_and_a_port_command() {
 /// configure scripts do) with an array of 60,000 strings mostly far. The runtime's control
 /// socket thread once waited in `accept`, which holds the lowest free descriptor number
 /// for the whole wait: `exec 3>file` failed with "Device or resource busy".
+///
+/// Without `SHELL` in its environment (as under CI, cron or systemd), bash looks its user
+/// up at start, and glibc's `fork` then reads the NSS configuration from the heap after the
+/// runtime's prepare handler: far by then, that fault waited for ever at the fork gate
+/// (`fork_window.rs`), every run.
 #[test]
 fn bash_redirections_onto_descriptors_of_its_choosing() {
     let s = Scratch::new("bash-redirect");
@@ -227,7 +232,8 @@ fn bash_redirections_onto_descriptors_of_its_choosing() {
     std::fs::create_dir_all(&dir).unwrap();
     let prog = Prog::new(require("/usr/bin/bash", "bash"))
         .arg(program_file("redirect.sh"))
-        .arg(dir.to_str().unwrap());
+        .arg(dir.to_str().unwrap())
+        .env_remove("SHELL");
     let (native, far) = native_then_quarter("bash redirect.sh", &prog, &s);
     let out = String::from_utf8_lossy(&native.stdout);
     assert!(

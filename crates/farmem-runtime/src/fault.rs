@@ -25,6 +25,7 @@ use crate::fetch::demand;
 use crate::fetch::phases::prefetch_deadline;
 use crate::fetch::readahead;
 use crate::fetch::request::{Mode, Request};
+use crate::fork_window;
 use crate::gate;
 use crate::neighbour::Neighbour;
 use crate::page::table;
@@ -254,6 +255,54 @@ impl FaultServer {
         }
     }
 
+    /// While a fork holds the gate closed: serve the faults of the thread that closed it
+    /// (`fork_window.rs`); the other threads' faults are parked until the gate opens.
+    fn serve_for_fork(&mut self, st: &State) {
+        let Some(closer) = gate::closer() else {
+            return; // opened meanwhile (or about to be closed: look again)
+        };
+        for _ in 0..self.pending.len() {
+            let f = self.pending.pop_front().expect("pending fault");
+            if f.tid != closer || !fork_window::serve(st, f.addr, f.write) {
+                self.pending.push_back(f);
+            }
+        }
+        // The gate opens within a fork (a few milliseconds at most): a short wait, and the
+        // gate looked at again after it.
+        wait_for_events(st, 50_000);
+        let n = match st.uffd.read_events(&mut self.msgs) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!("reading userfaultfd: {e}");
+                return;
+            }
+        };
+        for i in 0..n {
+            let Event::PageFault {
+                addr,
+                write,
+                wp,
+                tid,
+            } = self.msgs[i].event()
+            else {
+                continue;
+            };
+            add(&st.stats.c.unhinted_faults, 1);
+            let addr = addr & !(PAGE_SIZE - 1);
+            if tid == closer && fork_window::serve(st, addr, write) {
+                continue;
+            }
+            self.pending.push_back(Fault {
+                addr,
+                write,
+                wp,
+                tid,
+                since: st.now_ns(),
+                reported: false,
+            });
+        }
+    }
+
     /// Serve events on behalf of a busy fault thread (control thread).
     pub(crate) fn steal(&mut self, st: &State) {
         loop {
@@ -279,22 +328,27 @@ pub(crate) fn serve_until(st: &State, done: impl Fn() -> bool) {
         let n = server.poll_events(st, &mut |_| {});
         server.retry_pending(st);
         if n == 0 && server.pending.is_empty() {
-            let mut fd = libc::pollfd {
-                fd: st.uffd.raw(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
             // A short wait, `done` checked again after it: the fault thread is up within
             // ~100 us, and a wait of poll's least timeout (1 ms) made every fork+exec of a
             // shell under farmem 1.1 ms slower (bash's children waited here 1.45 ms).
-            let ts = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 20_000,
-            };
-            // SAFETY: one valid pollfd and a valid timespec; no signal mask.
-            unsafe { libc::ppoll(&mut fd, 1, &ts, std::ptr::null()) };
+            wait_for_events(st, 20_000);
         }
     }
+}
+
+/// Wait until fault events arrive, at most `ns` nanoseconds.
+fn wait_for_events(st: &State, ns: i64) {
+    let mut fd = libc::pollfd {
+        fd: st.uffd.raw(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: ns,
+    };
+    // SAFETY: one valid pollfd and a valid timespec; no signal mask.
+    unsafe { libc::ppoll(&mut fd, 1, &ts, std::ptr::null()) };
 }
 
 /// Main loop of a fault thread.
@@ -323,7 +377,11 @@ pub(crate) fn run(st: Arc<State>) {
         },
     ];
     while !st.shutdown.load(Ordering::Acquire) {
-        let pass = gate::enter();
+        let Some(pass) = gate::try_enter() else {
+            // A fork holds the gate: its thread may fault before it forks.
+            server.serve_for_fork(&st);
+            continue;
+        };
         st.fault_busy_since.store(st.now_ns(), Ordering::Release);
         st.protect_handoff.serve(&st.handoff_cx());
         let n = server.poll_events(&st, &mut |tid| {

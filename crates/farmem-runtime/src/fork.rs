@@ -148,6 +148,13 @@ extern "C" fn child() {
     let (runtimes, way) = std::mem::take(&mut *FORKING.lock());
     match way {
         Some(Way::KeepFar) => {
+            if crate::fork_window::forked_while_serving() {
+                farmem_sys::process::fatal(
+                    "fork: the child was made while a page fault of the forking thread was \
+                     being served (a signal let it go on early); its far memory is not \
+                     consistent",
+                );
+            }
             no_unwind("child", || {
                 for st in &runtimes {
                     take_over(st);

@@ -14,7 +14,7 @@
 
 use std::cell::Cell;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use farmem_sys::mem;
 
@@ -22,6 +22,9 @@ use farmem_sys::mem;
 static INSIDE: AtomicUsize = AtomicUsize::new(0);
 /// 1 while a fork holds the gate closed (the futex word the others wait on).
 static CLOSED: AtomicU64 = AtomicU64::new(0);
+/// The thread that closed the gate (0 while open): its faults between the fork handlers are
+/// served by the fault thread without entering (`fault.rs`).
+static CLOSER: AtomicU32 = AtomicU32::new(0);
 
 thread_local! {
     /// How deep the calling thread is inside the gate.
@@ -65,6 +68,27 @@ impl Drop for Pass {
     }
 }
 
+/// Go in if no fork holds the gate, without waiting.
+pub(crate) fn try_enter() -> Option<Pass> {
+    if DEPTH.with(|d| d.get()) == 0 {
+        INSIDE.fetch_add(1, Ordering::SeqCst);
+        if CLOSED.load(Ordering::SeqCst) != 0 {
+            INSIDE.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+    }
+    DEPTH.with(|d| d.set(d.get() + 1));
+    Some(Pass(PhantomData))
+}
+
+/// The thread holding the gate closed for a fork, if one does.
+pub(crate) fn closer() -> Option<u32> {
+    match CLOSER.load(Ordering::SeqCst) {
+        0 => None,
+        tid => Some(tid),
+    }
+}
+
 /// Close the gate: wait for another fork's to open, keep new work out, wait for the work
 /// inside to finish. The calling thread is inside from now on (its own runtime work goes
 /// on) until it calls [`open`] (a fork's parent and child handlers run on the thread that
@@ -76,6 +100,7 @@ pub(crate) fn close() {
     {
         mem::futex_wait(&CLOSED, 1, 1000);
     }
+    CLOSER.store(farmem_sys::sched::gettid(), Ordering::SeqCst);
     // This thread's own pass, if it forked from inside the runtime.
     let mine = usize::from(DEPTH.with(|d| d.get()) > 0);
     let mut spins = 0u32;
@@ -94,9 +119,19 @@ pub(crate) fn close() {
     DEPTH.with(|d| d.set(d.get() + 1));
 }
 
+/// Whether a fork holds the gate closed, and how many threads are inside (for the
+/// watchdog's report of a stall).
+pub(crate) fn describe() -> (bool, usize) {
+    (
+        CLOSED.load(Ordering::Relaxed) != 0,
+        INSIDE.load(Ordering::Relaxed),
+    )
+}
+
 /// Open the gate this thread closed with [`close`].
 pub(crate) fn open() {
     drop(Pass(PhantomData));
+    CLOSER.store(0, Ordering::SeqCst);
     CLOSED.store(0, Ordering::SeqCst);
     mem::futex_wake_all(&CLOSED);
 }

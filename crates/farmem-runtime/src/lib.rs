@@ -48,6 +48,7 @@ mod extents;
 mod fault;
 mod fetch;
 mod fork;
+mod fork_window;
 mod gate;
 mod neighbour;
 mod page;

@@ -36,8 +36,9 @@ pub(crate) fn reserve(st: &State, n: usize) {
     let mut idle_rounds = 0u32;
     let mut stalled_since: Option<Instant> = None;
     loop {
-        if st.reclaim_paused.load(Ordering::Acquire) {
-            // A fork is bringing far pages back: nothing may be evicted until it is done.
+        if st.reclaim_paused.load(Ordering::Acquire) || crate::gate::closer().is_some() {
+            // A fork is under way (bringing far pages back, or holding the fork gate while
+            // its thread faults, `fork_window.rs`): nothing may be evicted until it is done.
             let now = st.resident.fetch_add(n, Ordering::AcqRel) + n;
             st.stats.note_resident(now as u64);
             return;

@@ -25,11 +25,67 @@ use crate::stats::add;
 /// fatal if the configuration asks for it.
 pub(crate) fn report(st: &State, what: &str) {
     add(&st.stats.c.watchdog_reports, 1);
-    let msg = format!("a page fault has waited too long: {what}");
+    let msg = format!("a page fault has waited too long: {what}\n{}", describe(st));
     if st.cfg.watchdog_abort {
         farmem_sys::process::fatal(&format!("watchdog: {msg}"));
     }
     eprintln!("farmem: watchdog: {msg}");
+}
+
+/// What the runtime and each thread of the process were doing when the stall was found, so
+/// that a stall seen once (in CI, on a user's machine) says where it is: the budget, the
+/// fork gate, the fault thread, and each thread's kernel state, wait channel, system call
+/// and (readable as root) kernel stack.
+fn describe(st: &State) -> String {
+    let (closed, inside) = crate::gate::describe();
+    let busy = st.fault_busy_since.load(Ordering::Acquire);
+    let busy_ms = if busy == 0 {
+        0.0
+    } else {
+        st.now_ns().saturating_sub(busy) as f64 / 1e6
+    };
+    let mut out = format!(
+        "farmem: watchdog: pid {} resident {} budget {} free target {} reclaim paused {} \
+         fault thread up {} busy {busy_ms:.1} ms, fork gate closed {closed} with {inside} \
+         inside",
+        std::process::id(),
+        st.resident.load(Ordering::Relaxed),
+        st.budget(),
+        st.free_target(),
+        st.reclaim_paused.load(Ordering::Relaxed),
+        st.fault_thread_up.load(Ordering::Relaxed),
+    );
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        let dir = t.path();
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+        let stat = read("stat");
+        // The state letter follows the command name's closing parenthesis.
+        let state = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .next();
+        let syscall = read("syscall");
+        let stack: Vec<String> = read("stack")
+            .lines()
+            .take(6)
+            .map(|l| l.split_whitespace().nth(1).unwrap_or(l).to_string())
+            .collect();
+        out.push_str(&format!(
+            "\nfarmem: watchdog:   thread {} {:?} state {} wchan {} syscall {} stack {}",
+            t.file_name().to_string_lossy(),
+            read("comm").trim(),
+            state.unwrap_or("?"),
+            read("wchan"),
+            syscall.split_whitespace().next().unwrap_or("?"),
+            stack.join(" < "),
+        ));
+    }
+    out
 }
 
 /// The bound, if the watchdog is on.

@@ -32,6 +32,28 @@ pub const REGISTER_MODE_WP: u64 = 1 << 1;
 pub const COPY_MODE_DONTWAKE: u64 = 1 << 0;
 pub const COPY_MODE_WP: u64 = 1 << 1;
 pub const WRITEPROTECT_MODE_WP: u64 = 1 << 0;
+pub const WRITEPROTECT_MODE_DONTWAKE: u64 = 1 << 1;
+
+thread_local! {
+    /// Installs on this thread leave the faulting threads asleep ([`without_wake`]).
+    static NO_WAKE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Run `f` with every install of the calling thread (a copy, a lifted write protection)
+/// leaving the threads that fault on the page asleep: the caller wakes them with
+/// [`Uffd::wake`] once everything it does for them is finished. (A fork's thread faulting
+/// between the fork handlers must not fork before the thread serving it has let go of
+/// every lock: the child would inherit them held.)
+pub fn without_wake<R>(f: impl FnOnce() -> R) -> R {
+    let was = NO_WAKE.with(|c| c.replace(true));
+    let r = f();
+    NO_WAKE.with(|c| c.set(was));
+    r
+}
+
+fn no_wake() -> bool {
+    NO_WAKE.with(|c| c.get())
+}
 
 pub const EVENT_PAGEFAULT: u8 = 0x12;
 pub const PAGEFAULT_FLAG_WRITE: u64 = 1 << 0;
@@ -254,6 +276,11 @@ impl Uffd {
     /// Atomically map a copy of `len` bytes at `src` to `dst` (both page aligned). Retries on
     /// EAGAIN and partial copies; returns EEXIST if part of the range is already mapped.
     pub fn copy(&self, dst: usize, src: *const u8, len: usize, mode: u64) -> io::Result<()> {
+        let mode = if no_wake() {
+            mode | COPY_MODE_DONTWAKE
+        } else {
+            mode
+        };
         let mut done = 0usize;
         while done < len {
             let mut c = UffdioCopy {
@@ -292,7 +319,11 @@ impl Uffd {
                 start: start as u64,
                 len: len as u64,
             },
-            mode: if protect { WRITEPROTECT_MODE_WP } else { 0 },
+            mode: match (protect, no_wake()) {
+                (true, _) => WRITEPROTECT_MODE_WP,
+                (false, true) => WRITEPROTECT_MODE_DONTWAKE,
+                (false, false) => 0,
+            },
         };
         loop {
             match ioctl(self.raw(), UFFDIO_WRITEPROTECT, &mut wp) {

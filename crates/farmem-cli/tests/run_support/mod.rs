@@ -94,6 +94,8 @@ impl Drop for Scratch {
 pub struct Prog {
     pub argv: Vec<OsString>,
     pub env: Vec<(String, String)>,
+    /// Variables taken out of the environment the test runs in.
+    pub unset: Vec<String>,
     pub stdin: Option<PathBuf>,
 }
 
@@ -102,6 +104,7 @@ impl Prog {
         Prog {
             argv: vec![path.into()],
             env: Vec::new(),
+            unset: Vec::new(),
             stdin: None,
         }
     }
@@ -113,6 +116,11 @@ impl Prog {
 
     pub fn env(mut self, k: &str, v: &str) -> Prog {
         self.env.push((k.into(), v.into()));
+        self
+    }
+
+    pub fn env_remove(mut self, k: &str) -> Prog {
+        self.unset.push(k.into());
         self
     }
 
@@ -235,6 +243,9 @@ impl Running {
                 c
             }
         };
+        for k in &prog.unset {
+            cmd.env_remove(k);
+        }
         for (k, v) in &prog.env {
             cmd.env(k, v);
         }
@@ -320,13 +331,14 @@ impl Running {
                 return self.finished(s, &ru);
             }
             if self.started.elapsed() > deadline {
+                let threads = threads_of_group(self.pid);
                 self.kill_group();
                 panic!(
                     "{} did not finish within {:?} and was killed (hung?). Its stderr ends \
-                     with:\n{}",
+                     with:\n{}\nIts processes' threads were:\n{threads}",
                     self.label,
                     deadline,
-                    tail(&self.stderr_so_far(), 4000)
+                    tail(&self.stderr_so_far(), 8000)
                 );
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -364,6 +376,63 @@ impl Running {
         }
         self.reaped = true;
     }
+}
+
+/// Every thread of every process in process group `pgid`: its command, state, wait channel,
+/// system call and (as root) kernel stack, so that a hang seen once says where it was.
+fn threads_of_group(pgid: i32) -> String {
+    let mut out = String::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for p in procs.flatten() {
+        let Ok(pid) = p.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(p.path().join("stat")).unwrap_or_default();
+        // Fields after the command name: state, ppid, pgrp.
+        let after: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        if after.get(2).and_then(|g| g.parse::<i32>().ok()) != Some(pgid) {
+            continue;
+        }
+        let cmdline = std::fs::read_to_string(p.path().join("cmdline"))
+            .unwrap_or_default()
+            .replace('\0', " ");
+        out.push_str(&format!("process {pid}: {cmdline}\n"));
+        let Ok(tasks) = std::fs::read_dir(p.path().join("task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let read = |f: &str| std::fs::read_to_string(t.path().join(f)).unwrap_or_default();
+            let tstat = read("stat");
+            let state = tstat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .next();
+            let stack: Vec<String> = read("stack")
+                .lines()
+                .take(8)
+                .map(|l| l.split_whitespace().nth(1).unwrap_or(l).to_string())
+                .collect();
+            out.push_str(&format!(
+                "  thread {} {:?} state {} wchan {} syscall {} stack {}\n",
+                t.file_name().to_string_lossy(),
+                read("comm").trim(),
+                state.unwrap_or("?"),
+                read("wchan"),
+                read("syscall").trim(),
+                stack.join(" < "),
+            ));
+        }
+    }
+    out
 }
 
 impl Drop for Running {
