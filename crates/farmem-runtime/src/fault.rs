@@ -382,6 +382,8 @@ pub(crate) fn run(st: Arc<State>) {
             server.serve_for_fork(&st);
             continue;
         };
+        // Inside the gate: a fork never finds the deferred work's lock held.
+        crate::workers::run_deferred(&st);
         st.fault_busy_since.store(st.now_ns(), Ordering::Release);
         st.protect_handoff.serve(&st.handoff_cx());
         let n = server.poll_events(&st, &mut |tid| {
@@ -420,6 +422,7 @@ pub(crate) fn run(st: Arc<State>) {
             p.before_sleep();
         }
         let timeout = if following { placement::QUIET_MS } else { 1000 };
+        let timeout = crate::workers::sleep_ms(&st, timeout);
         // SAFETY: `fds` is a valid array of two pollfd structs.
         let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
         if ready == 0 && following {

@@ -242,12 +242,15 @@ fn take_over(st: &Arc<State>) {
         st.set_free_pool(&cfg);
         st.over_budget_once.store(true, Ordering::Relaxed);
     }
-    // The parent's threads do not exist here: their handles are never joined.
+    // The parent's threads do not exist here: their handles are never joined. Work the
+    // parent had deferred is the parent's (this process defers its own).
     std::mem::forget(std::mem::take(&mut *st.threads.lock()));
+    drop(std::mem::take(&mut *st.deferred.lock()));
+    st.deferred_at_ns.store(0, Ordering::Release);
     st.fault_busy_since.store(0, Ordering::Relaxed);
     st.control_sleeping.store(false, Ordering::Relaxed);
     st.fault_thread_up.store(false, Ordering::Release);
-    if let Err(e) = crate::workers::start(st) {
+    if let Err(e) = crate::workers::start_in_child(st) {
         fail("starting its threads", &e);
     }
     // A new thread's start in glibc reads program memory that may be far (the locale data

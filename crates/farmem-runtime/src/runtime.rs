@@ -115,6 +115,15 @@ pub struct Runtime {
     owner: Arc<Owner>,
 }
 
+/// A runtime that does not keep it alive (for work the runtime's own state holds).
+pub(crate) struct WeakRuntime(std::sync::Weak<Owner>);
+
+impl WeakRuntime {
+    pub(crate) fn upgrade(&self) -> Option<Runtime> {
+        self.0.upgrade().map(|owner| Runtime { owner })
+    }
+}
+
 impl Runtime {
     /// Start a runtime with its own budget, backend and threads.
     pub fn new(mut cfg: Config) -> Result<Runtime> {
@@ -203,6 +212,8 @@ impl Runtime {
             evict_gate: Default::default(),
             release_hook: Default::default(),
             release_called_ns: AtomicU64::new(0),
+            deferred: Default::default(),
+            deferred_at_ns: AtomicU64::new(0),
         });
         st.set_free_pool(&st.cfg);
         let owner = Arc::new(Owner { st: st.clone() });
@@ -265,6 +276,10 @@ impl Runtime {
     /// The first installed runtime stays.
     pub fn install_global(rt: Runtime) {
         let _ = INSTALLED.set(rt);
+    }
+
+    pub(crate) fn downgrade(&self) -> WeakRuntime {
+        WeakRuntime(Arc::downgrade(&self.owner))
     }
 
     pub(crate) fn state(&self) -> &Arc<State> {

@@ -127,6 +127,10 @@ pub(crate) struct State {
     /// the control thread last called it (`now_ns`).
     pub release_hook: std::sync::OnceLock<fn(bool)>,
     pub release_called_ns: AtomicU64,
+    /// Work left for a fault thread once the process has lived a while (`workers::defer`),
+    /// and when (`State::now_ns`; 0: none waits).
+    pub deferred: Mutex<Vec<crate::workers::Deferred>>,
+    pub deferred_at_ns: AtomicU64,
 }
 
 impl State {

@@ -68,3 +68,70 @@ fn a_short_lived_child_in_a_shared_budget_evicts_nothing() {
     let code = libc::WEXITSTATUS(status) as usize;
     assert_eq!(code, 0, "{}", what.get(code).copied().unwrap_or("?"));
 }
+
+/// Threads of this process named `name`.
+fn threads_named(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flatten()
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
+        .count()
+}
+
+/// A forked child starts its fault thread at once and its control thread only once it has
+/// lived a few milliseconds: most forked children exec or end before (starting the threads
+/// took ~350 us of every fork's child handler).
+#[test]
+fn a_forked_child_starts_its_control_thread_only_once_it_lives_on() {
+    let rt = Runtime::new(Config {
+        local_mem: BUDGET,
+        budget_scope: BudgetScope::Process,
+        ..Config::default()
+    })
+    .expect("a runtime (needs userfaultfd)");
+    let region = rt.create_region(64 * PAGE_SIZE).unwrap();
+    let base = region.as_mut_ptr() as usize;
+    // SAFETY: inside the region.
+    unsafe { word(base, 0).write_volatile(7) };
+    // SAFETY: the child runs the code below and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let forked = std::time::Instant::now();
+        let early = threads_named("farmem-control");
+        // Conclusive only if the child looked well within the delay (not descheduled).
+        let code = if early > 0 && forked.elapsed() < std::time::Duration::from_millis(2) {
+            1
+        } else if threads_named("farmem-fault-0") == 0 {
+            2
+        } else {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while threads_named("farmem-control") == 0 && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            // SAFETY: inside the region.
+            if threads_named("farmem-control") == 0 {
+                3
+            } else if unsafe { word(base, 0).read_volatile() } != 7 {
+                4
+            } else {
+                0
+            }
+        };
+        // SAFETY: ends the child without the parent's exit handlers.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert!(libc::WIFEXITED(status), "child died: status {status:#x}");
+    let what = [
+        "",
+        "the child had a control thread at once",
+        "the child had no fault thread",
+        "the child never started its control thread",
+        "the child read a wrong value",
+    ];
+    let code = libc::WEXITSTATUS(status) as usize;
+    assert_eq!(code, 0, "{}", what.get(code).copied().unwrap_or("?"));
+}
