@@ -42,7 +42,7 @@ pub fn start(rt: &crate::Runtime) -> std::io::Result<()> {
 /// In a child made by `fork()` that kept the runtime: let go of the parent's socket (kept
 /// open here, it would keep the parent's name taken after the parent ends, and nothing
 /// here serves it) and open this process's own once the child has lived a few
-/// milliseconds (`workers::defer`: most forked children exec or end before).
+/// milliseconds (`deferred.rs`: most forked children exec or end before).
 pub fn restart_in_child(rt: &crate::Runtime) {
     let fd = LISTENER.swap(-1, Ordering::AcqRel);
     if fd >= 0 {
@@ -52,7 +52,7 @@ pub fn restart_in_child(rt: &crate::Runtime) {
     }
     // Weak: the runtime's state would otherwise own the runtime until the work runs.
     let weak = rt.downgrade();
-    crate::workers::defer(
+    crate::deferred::defer(
         rt.state(),
         Box::new(move |_| {
             let Some(rt) = weak.upgrade() else { return };

@@ -383,7 +383,7 @@ pub(crate) fn run(st: Arc<State>) {
             continue;
         };
         // Inside the gate: a fork never finds the deferred work's lock held.
-        crate::workers::run_deferred(&st);
+        crate::deferred::run_deferred(&st);
         st.fault_busy_since.store(st.now_ns(), Ordering::Release);
         st.protect_handoff.serve(&st.handoff_cx());
         let n = server.poll_events(&st, &mut |tid| {
@@ -422,7 +422,7 @@ pub(crate) fn run(st: Arc<State>) {
             p.before_sleep();
         }
         let timeout = if following { placement::QUIET_MS } else { 1000 };
-        let timeout = crate::workers::sleep_ms(&st, timeout);
+        let timeout = crate::deferred::sleep_ms(&st, timeout);
         // SAFETY: `fds` is a valid array of two pollfd structs.
         let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
         if ready == 0 && following {

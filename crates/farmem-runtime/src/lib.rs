@@ -41,6 +41,7 @@ pub mod tree_budget;
 // free of cycles).
 mod book;
 mod control;
+mod deferred;
 mod demotion;
 mod discard;
 mod env;

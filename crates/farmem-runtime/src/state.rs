@@ -22,6 +22,10 @@ use crate::stats::{Stats, StatsSnapshot};
 use crate::workingset::WorkingSet;
 
 /// State shared by the runtime's threads and every thread that hints or faults.
+/// Work left for a fault thread to do once the process has lived a while
+/// (`deferred.rs`).
+pub(crate) type Deferred = Box<dyn FnOnce(&Arc<State>) + Send>;
+
 pub(crate) struct State {
     pub cfg: Config,
     pub uffd: Uffd,
@@ -127,9 +131,9 @@ pub(crate) struct State {
     /// the control thread last called it (`now_ns`).
     pub release_hook: std::sync::OnceLock<fn(bool)>,
     pub release_called_ns: AtomicU64,
-    /// Work left for a fault thread once the process has lived a while (`workers::defer`),
+    /// Work left for a fault thread once the process has lived a while (`deferred.rs`),
     /// and when (`State::now_ns`; 0: none waits).
-    pub deferred: Mutex<Vec<crate::workers::Deferred>>,
+    pub deferred: Mutex<Vec<Deferred>>,
     pub deferred_at_ns: AtomicU64,
 }
 

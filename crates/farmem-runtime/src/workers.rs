@@ -2,27 +2,20 @@
 //! At its start, and in a forked child that takes the runtime over (`fork.rs`).
 //!
 //! A forked child starts its fault thread at once (it may fault on far memory from its
-//! first instruction) and leaves the rest for later ([`defer`]): the control and watchdog
+//! first instruction) and leaves the rest for later ((`deferred.rs`)): the control and watchdog
 //! threads, and the control socket's (`ctl.rs`), start once the child has lived
-//! [`DEFER_NS`], from its fault thread. Most forked children are short-lived (a shell's
+//! [`deferred::DEFER_NS`], from its fault thread. Most forked children are short-lived (a shell's
 //! `$(...)`, a fork before `exec`), and starting three threads took ~350 us of every fork's
 //! child handler. Until then nothing is missing: the child's first budget measurement comes
 //! later anyway (`fork.rs`), a reservation with nothing to evict measures the budget itself
 //! (`reclaim::reserve`), and a stall is reported once the watchdog runs.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crate::error::{Error, Result};
 use crate::state::State;
-use crate::{control, fault, thread, watchdog};
-
-/// How long a forked child lives before its deferred threads start.
-pub(crate) const DEFER_NS: u64 = 5_000_000;
-
-/// Work left for the fault thread to do once the process has lived [`DEFER_NS`].
-pub(crate) type Deferred = Box<dyn FnOnce(&Arc<State>) + Send>;
+use crate::{control, deferred, fault, thread, watchdog};
 
 /// Start the threads, whose handles the state keeps (joined at shutdown).
 pub(crate) fn start(st: &Arc<State>) -> Result<()> {
@@ -36,7 +29,7 @@ pub(crate) fn start(st: &Arc<State>) -> Result<()> {
 pub(crate) fn start_in_child(st: &Arc<State>) -> Result<()> {
     start_fault_threads(st)?;
     let mask = farmem_sys::sched::allowed_cpus().ok();
-    defer(
+    deferred::defer(
         st,
         Box::new(move |st| {
             if let Err(e) = start_rest(st, mask) {
@@ -95,44 +88,4 @@ fn start_rest(st: &Arc<State>, mask: Option<libc::cpu_set_t>) -> Result<()> {
     }
     st.threads.lock().extend(threads);
     Ok(())
-}
-
-/// Leave `f` for the fault thread to run once the process has lived [`DEFER_NS`] (from
-/// now, if nothing waits yet).
-pub(crate) fn defer(st: &State, f: Deferred) {
-    st.deferred.lock().push(f);
-    let at = st.now_ns() + DEFER_NS;
-    let _ = st
-        .deferred_at_ns
-        .compare_exchange(0, at, Ordering::AcqRel, Ordering::Relaxed);
-}
-
-/// Run the deferred work if its time has come (on a fault thread, outside the fork gate).
-pub(crate) fn run_deferred(st: &Arc<State>) {
-    let at = st.deferred_at_ns.load(Ordering::Acquire);
-    if at == 0 || st.now_ns() < at {
-        return;
-    }
-    if st
-        .deferred_at_ns
-        .compare_exchange(at, 0, Ordering::AcqRel, Ordering::Relaxed)
-        .is_err()
-    {
-        return;
-    }
-    let work = std::mem::take(&mut *st.deferred.lock());
-    for f in work {
-        f(st);
-    }
-}
-
-/// How long a fault thread may sleep (in ms, at most `ms`) before deferred work is due.
-pub(crate) fn sleep_ms(st: &State, ms: i32) -> i32 {
-    match st.deferred_at_ns.load(Ordering::Acquire) {
-        0 => ms,
-        at => {
-            let left_ms = at.saturating_sub(st.now_ns()).div_ceil(1_000_000);
-            ms.min(left_ms.min(i32::MAX as u64) as i32)
-        }
-    }
 }
