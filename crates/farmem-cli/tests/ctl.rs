@@ -1,6 +1,7 @@
 //! `farmem ctl`: a running program's budget changes from outside, its resident set follows at
 //! once, its data stays right, and what cannot be done is refused with the reason.
 
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
 mod run_support;
@@ -33,8 +34,23 @@ fn holding_48m(program: &std::path::Path) -> Command {
         "--",
     ])
     .arg(program)
-    .arg("48");
+    .arg("48")
+    // A group of its own, for `KillOnPanic`.
+    .process_group(0);
     c
+}
+
+/// Kills the process group of a started `farmem run` if the test fails: the programs run
+/// until told to stop, and a failed assertion would leave them spinning.
+struct KillOnPanic(u32);
+
+impl Drop for KillOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // SAFETY: kill(2) of the process group our own child leads.
+            unsafe { libc::kill(-(self.0 as i32), libc::SIGKILL) };
+        }
+    }
 }
 
 #[test]
@@ -42,6 +58,7 @@ fn a_running_program_is_shrunk_and_grown_from_outside_and_keeps_its_data() {
     let scratch = Scratch::new("ctl");
     let hold = compile("hold", &scratch);
     let (run, pid) = start_until_filled(holding_48m(&hold).stderr(Stdio::piped()));
+    let _kill = KillOnPanic(run.id());
     let pid = pid.to_string();
     let s = stats(&pid);
     assert_eq!(s["budget_bytes"], 64u64 << 20);
@@ -116,8 +133,10 @@ fn watching_a_program_shows_its_budget_local_and_other_memory() {
             .args(["run", "--local-mem", "24M", "--"])
             .arg(&hold)
             .arg("48")
+            .process_group(0)
             .stderr(Stdio::piped()),
     );
+    let _kill = KillOnPanic(run.id());
     let watch = Command::new(farmem_bin())
         .args(["ctl", &pid.to_string(), "--watch", "0.2"])
         .stdout(Stdio::piped())
@@ -170,6 +189,7 @@ fn a_forked_child_is_watched_and_resized_through_its_own_socket() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let _kill = KillOnPanic(run.id());
     let mut line = String::new();
     BufReader::new(run.stdout.take().unwrap())
         .read_line(&mut line)

@@ -30,19 +30,27 @@ static LISTENER: AtomicI32 = AtomicI32::new(-1);
 
 /// Open this process's control socket and serve it on a runtime thread (`farmem-ctl`).
 pub fn start(rt: &crate::Runtime) -> std::io::Result<()> {
-    let _local = crate::scope::LocalScope::enter();
-    let addr = SocketAddr::from_abstract_name(socket_name(std::process::id()))?;
-    let listener = farmem_sys::fds::keep(UnixListener::bind_addr(&addr)?);
-    LISTENER.store(listener.as_raw_fd(), Ordering::Release);
+    let listener = listen()?;
     let rt = rt.clone();
     crate::thread::spawn("farmem-ctl".into(), move || serve(listener, rt))?;
     Ok(())
 }
 
+/// This process's listening socket, under its name, out of the program's way.
+fn listen() -> std::io::Result<UnixListener> {
+    let _local = crate::scope::LocalScope::enter();
+    let addr = SocketAddr::from_abstract_name(socket_name(std::process::id()))?;
+    let listener = farmem_sys::fds::keep(UnixListener::bind_addr(&addr)?);
+    LISTENER.store(listener.as_raw_fd(), Ordering::Release);
+    Ok(listener)
+}
+
 /// In a child made by `fork()` that kept the runtime: let go of the parent's socket (kept
 /// open here, it would keep the parent's name taken after the parent ends, and nothing
-/// here serves it) and open this process's own once the child has lived a few
-/// milliseconds (`deferred.rs`: most forked children exec or end before).
+/// here serves it) and open this process's own. The socket is there at once (`farmem ctl`
+/// may ask as soon as the child exists: its request waits in the socket's backlog); the
+/// thread that serves it starts once the child has lived a few milliseconds
+/// (`deferred.rs`: most forked children exec or end before).
 pub fn restart_in_child(rt: &crate::Runtime) {
     let fd = LISTENER.swap(-1, Ordering::AcqRel);
     if fd >= 0 {
@@ -50,13 +58,20 @@ pub fn restart_in_child(rt: &crate::Runtime) {
         // (the serving thread) exists only in the parent.
         farmem_sys::fds::close_kept(fd);
     }
+    let listener = match listen() {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!("no control socket in the forked child: {e}");
+            return;
+        }
+    };
     // Weak: the runtime's state would otherwise own the runtime until the work runs.
     let weak = rt.downgrade();
     crate::deferred::defer(
         rt.state(),
         Box::new(move |_| {
             let Some(rt) = weak.upgrade() else { return };
-            if let Err(e) = start(&rt) {
+            if let Err(e) = crate::thread::spawn("farmem-ctl".into(), move || serve(listener, rt)) {
                 tracing::warn!("no control socket in the forked child: {e}");
             }
         }),

@@ -243,9 +243,11 @@ fn take_over(st: &Arc<State>) {
         st.over_budget_once.store(true, Ordering::Relaxed);
     }
     // The parent's threads do not exist here: their handles are never joined. Work the
-    // parent had deferred is the parent's (this process defers its own).
+    // parent had deferred is the parent's (this process defers its own), never run nor
+    // dropped here: what it owns (the parent's control socket) is let go of by its owner's
+    // own code (`ctl::restart_in_child`).
     std::mem::forget(std::mem::take(&mut *st.threads.lock()));
-    drop(std::mem::take(&mut *st.deferred.lock()));
+    std::mem::forget(std::mem::take(&mut *st.deferred.lock()));
     st.deferred_at_ns.store(0, Ordering::Release);
     st.fault_busy_since.store(0, Ordering::Relaxed);
     st.control_sleeping.store(false, Ordering::Relaxed);
