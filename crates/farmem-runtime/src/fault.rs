@@ -49,6 +49,8 @@ struct Fault {
 /// Reads and serves fault events; owns the faults it could not serve yet.
 pub(crate) struct FaultServer {
     msgs: Vec<UffdMsg>,
+    /// The faults of the last read (kept for its capacity).
+    arrived: Vec<Fault>,
     pending: VecDeque<Fault>,
     predictor: Option<Predictor>,
     neighbour: Option<Neighbour>,
@@ -84,6 +86,7 @@ impl FaultServer {
     pub(crate) fn new() -> FaultServer {
         FaultServer {
             msgs: vec![UffdMsg::default(); 64],
+            arrived: Vec::with_capacity(64),
             pending: VecDeque::new(),
             predictor: None,
             neighbour: None,
@@ -95,6 +98,26 @@ impl FaultServer {
     /// Read what is pending on the userfaultfd and serve it, calling `before_serving` with
     /// each fault's thread while that thread still waits in its fault. Returns events read.
     fn poll_events(&mut self, st: &State, before_serving: &mut dyn FnMut(u32)) -> usize {
+        let n = self.read_faults(st);
+        let arrived = std::mem::take(&mut self.arrived);
+        for &f in &arrived {
+            self.last_tid = f.tid;
+            if self.logging {
+                log_fault(&f);
+            }
+            before_serving(f.tid);
+            if !self.serve(st, f) {
+                self.pending.push_back(f);
+            }
+        }
+        self.arrived = arrived;
+        n
+    }
+
+    /// Read what is pending on the userfaultfd into `arrived` (its page faults, counted);
+    /// returns events read.
+    fn read_faults(&mut self, st: &State) -> usize {
+        self.arrived.clear();
         let n = match st.uffd.read_events(&mut self.msgs) {
             Ok(n) => n,
             Err(e) => {
@@ -112,23 +135,15 @@ impl FaultServer {
             else {
                 continue;
             };
-            let f = Fault {
+            add(&st.stats.c.unhinted_faults, 1);
+            self.arrived.push(Fault {
                 addr: addr & !(PAGE_SIZE - 1),
                 write,
                 wp,
                 tid,
                 since: st.now_ns(),
                 reported: false,
-            };
-            add(&st.stats.c.unhinted_faults, 1);
-            self.last_tid = tid;
-            if self.logging {
-                log_fault(&f);
-            }
-            before_serving(tid);
-            if !self.serve(st, f) {
-                self.pending.push_back(f);
-            }
+            });
         }
         n
     }
@@ -270,37 +285,14 @@ impl FaultServer {
         // The gate opens within a fork (a few milliseconds at most): a short wait, and the
         // gate looked at again after it.
         wait_for_events(st, 50_000);
-        let n = match st.uffd.read_events(&mut self.msgs) {
-            Ok(n) => n,
-            Err(e) => {
-                tracing::error!("reading userfaultfd: {e}");
-                return;
+        self.read_faults(st);
+        let arrived = std::mem::take(&mut self.arrived);
+        for &f in &arrived {
+            if f.tid != closer || !fork_window::serve(st, f.addr, f.write) {
+                self.pending.push_back(f);
             }
-        };
-        for i in 0..n {
-            let Event::PageFault {
-                addr,
-                write,
-                wp,
-                tid,
-            } = self.msgs[i].event()
-            else {
-                continue;
-            };
-            add(&st.stats.c.unhinted_faults, 1);
-            let addr = addr & !(PAGE_SIZE - 1);
-            if tid == closer && fork_window::serve(st, addr, write) {
-                continue;
-            }
-            self.pending.push_back(Fault {
-                addr,
-                write,
-                wp,
-                tid,
-                since: st.now_ns(),
-                reported: false,
-            });
         }
+        self.arrived = arrived;
     }
 
     /// Serve events on behalf of a busy fault thread (control thread).
