@@ -2,13 +2,13 @@
 //! At its start, and in a forked child that takes the runtime over (`fork.rs`).
 //!
 //! A forked child starts its fault thread at once (it may fault on far memory from its
-//! first instruction) and leaves the rest for later ((`deferred.rs`)): the control and watchdog
-//! threads, and the control socket's (`ctl.rs`), start once the child has lived
-//! [`deferred::DEFER_NS`], from its fault thread. Most forked children are short-lived (a shell's
-//! `$(...)`, a fork before `exec`), and starting three threads took ~350 us of every fork's
-//! child handler. Until then nothing is missing: the child's first budget measurement comes
-//! later anyway (`fork.rs`), a reservation with nothing to evict measures the budget itself
-//! (`reclaim::reserve`), and a stall is reported once the watchdog runs.
+//! first instruction) and leaves the rest for later (`deferred.rs`): the control and
+//! watchdog threads, and the control socket's (`ctl.rs`), start once the child has lived
+//! [`deferred::DEFER_NS`], from its fault thread. Most forked children are short-lived (a
+//! shell's `$(...)`, a fork before `exec`), and starting three threads took ~350 us of every
+//! fork's child handler. Until then nothing is missing: the child's first budget measurement
+//! comes later anyway (`fork.rs`), a reservation with nothing to evict measures the budget
+//! itself (`reclaim::reserve`), and a stall is reported once the watchdog runs.
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
