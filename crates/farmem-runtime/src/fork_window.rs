@@ -37,17 +37,7 @@ pub(crate) fn serve(st: &State, addr: usize, write: bool) -> bool {
         // The region went meanwhile (unregistering woke the thread already).
         return true;
     };
-    let req = Request {
-        first: addr >> PAGE_SHIFT,
-        count: 1,
-        write,
-        readahead: 0,
-        readahead_writable: false,
-        prio: 0,
-        mode: Mode::Fault,
-        readahead_useful_for: None,
-        readahead_trusted: false,
-    };
+    let req = Request::demand(addr >> PAGE_SHIFT, 1, write, Mode::Fault);
     SERVING.store(true, Ordering::SeqCst);
     let r = farmem_sys::uffd::without_wake(|| demand::ensure(st, &reg, &req));
     SERVING.store(false, Ordering::SeqCst);

@@ -55,35 +55,9 @@ fn describe(st: &State) -> String {
         st.reclaim_paused.load(Ordering::Relaxed),
         st.fault_thread_up.load(Ordering::Relaxed),
     );
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return out;
-    };
-    for t in tasks.flatten() {
-        let dir = t.path();
-        let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
-        let stat = read("stat");
-        // The state letter follows the command name's closing parenthesis.
-        let state = stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .split_whitespace()
-            .next();
-        let syscall = read("syscall");
-        let stack: Vec<String> = read("stack")
-            .lines()
-            .take(6)
-            .map(|l| l.split_whitespace().nth(1).unwrap_or(l).to_string())
-            .collect();
-        out.push_str(&format!(
-            "\nfarmem: watchdog:   thread {} {:?} state {} wchan {} syscall {} stack {}",
-            t.file_name().to_string_lossy(),
-            read("comm").trim(),
-            state.unwrap_or("?"),
-            read("wchan"),
-            syscall.split_whitespace().next().unwrap_or("?"),
-            stack.join(" < "),
-        ));
+    for line in farmem_sys::threads::describe(std::path::Path::new("/proc/self")) {
+        out.push_str("\nfarmem: watchdog:   ");
+        out.push_str(&line);
     }
     out
 }

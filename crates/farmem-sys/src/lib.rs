@@ -14,4 +14,5 @@ pub mod random;
 pub mod sched;
 pub mod secret_file;
 pub mod signals;
+pub mod threads;
 pub mod uffd;

@@ -391,45 +391,18 @@ fn threads_of_group(pgid: i32) -> String {
         };
         let stat = std::fs::read_to_string(p.path().join("stat")).unwrap_or_default();
         // Fields after the command name: state, ppid, pgrp.
-        let after: Vec<&str> = stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .split_whitespace()
-            .collect();
-        if after.get(2).and_then(|g| g.parse::<i32>().ok()) != Some(pgid) {
+        let pgrp = farmem_sys::threads::stat_fields(&stat)
+            .get(2)
+            .and_then(|g| g.parse::<i32>().ok());
+        if pgrp != Some(pgid) {
             continue;
         }
         let cmdline = std::fs::read_to_string(p.path().join("cmdline"))
             .unwrap_or_default()
             .replace('\0', " ");
         out.push_str(&format!("process {pid}: {cmdline}\n"));
-        let Ok(tasks) = std::fs::read_dir(p.path().join("task")) else {
-            continue;
-        };
-        for t in tasks.flatten() {
-            let read = |f: &str| std::fs::read_to_string(t.path().join(f)).unwrap_or_default();
-            let tstat = read("stat");
-            let state = tstat
-                .rsplit(')')
-                .next()
-                .unwrap_or("")
-                .split_whitespace()
-                .next();
-            let stack: Vec<String> = read("stack")
-                .lines()
-                .take(8)
-                .map(|l| l.split_whitespace().nth(1).unwrap_or(l).to_string())
-                .collect();
-            out.push_str(&format!(
-                "  thread {} {:?} state {} wchan {} syscall {} stack {}\n",
-                t.file_name().to_string_lossy(),
-                read("comm").trim(),
-                state.unwrap_or("?"),
-                read("wchan"),
-                read("syscall").trim(),
-                stack.join(" < "),
-            ));
+        for line in farmem_sys::threads::describe(&p.path()) {
+            out.push_str(&format!("  {line}\n"));
         }
     }
     out
