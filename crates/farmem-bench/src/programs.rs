@@ -59,6 +59,13 @@ pub struct Args {
     /// zram's compressor for the Linux-swap runs (`default`: leave the kernel's choice).
     #[arg(long, default_value = "lz4")]
     zram_comp: String,
+    /// Let the Linux-swap cgroup's OOM killer end a program whose limit is too tight, as
+    /// Linux does by default (the run then reads OOM-killed). By default it is off (cgroup
+    /// v1 `memory.oom_control`) and the benchmark ends each stall: a charge that fails parks
+    /// the program's thread, the benchmark reclaims 128 KiB of the cgroup from outside and
+    /// wakes it, so every point gets a time.
+    #[arg(long)]
+    oom_kill: bool,
     /// Also write the results as JSON.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -315,6 +322,9 @@ struct RunResult {
     fork_us: Vec<f64>,
     /// farmem: the most pages the main process ever held locally, bytes.
     peak_local: Option<u64>,
+    /// Linux swap: OOM stalls the benchmark ended by reclaiming from outside (its OOM
+    /// killer is off, see `--oom-kill`).
+    oom_stalls: u64,
 }
 
 /// The `fork-us N` lines of a program's stderr.
@@ -383,6 +393,7 @@ fn run_native(w: &Workload) -> Result<RunResult> {
         mem_used: peak,
         fork_us: fork_times(&stderr),
         peak_local: None,
+        oom_stalls: 0,
     })
 }
 
@@ -439,6 +450,7 @@ fn run_farmem(w: &Workload, local: u64, backend: &str, dir: &Path) -> Result<Run
         mem_used: if tree_peak > 0 { tree_peak } else { peak } + remote,
         fork_us: fork_times(&out.stderr),
         peak_local,
+        oom_stalls: 0,
     })
 }
 
@@ -452,8 +464,9 @@ fn run_swap(w: &Workload, kind: &SwapKind, limit: u64, peak: u64) -> Result<RunR
     let st = base.stats();
     let mem_used = st.mem_used();
     base.close()?;
-    // Linux swap cannot always run the program at this limit: the cgroup's OOM killer ends
-    // it (directly, or the shell reports its child's SIGKILL as 137). That is a result.
+    // With `--oom-kill`, Linux swap cannot always run the program at this limit: the
+    // cgroup's OOM killer ends it (directly, or the shell reports its child's SIGKILL as
+    // 137). That is a result.
     use std::os::unix::process::ExitStatusExt;
     if out.status.signal() == Some(libc::SIGKILL) || out.status.code() == Some(137) {
         return Ok(RunResult {
@@ -463,6 +476,7 @@ fn run_swap(w: &Workload, kind: &SwapKind, limit: u64, peak: u64) -> Result<RunR
             mem_used,
             fork_us: Vec::new(),
             peak_local: None,
+            oom_stalls: st.oom_stalls.unwrap_or(0),
         });
     }
     if !out.status.success() {
@@ -481,6 +495,7 @@ fn run_swap(w: &Workload, kind: &SwapKind, limit: u64, peak: u64) -> Result<RunR
         mem_used,
         fork_us: fork_times(&out.stderr),
         peak_local: None,
+        oom_stalls: st.oom_stalls.unwrap_or(0),
     })
 }
 
@@ -489,6 +504,7 @@ pub fn run(a: Args) -> Result<()> {
         bail!("--repeat must be positive and --local percentages in 1..=100");
     }
     super::swap::use_zram_compressor((a.zram_comp != "default").then_some(a.zram_comp.as_str()));
+    super::swap::use_oom_killer(a.oom_kill);
     let dir = std::env::temp_dir().join(format!("farmem-bench-programs-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let res = run_in(&a, &dir);
@@ -579,7 +595,11 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
                         Mode::Swap(kind) => run_swap(&w, kind, local, peak)?,
                     };
                     if r.secs.is_finite() {
-                        eprintln!("{:.2} s, {} MiB used", r.secs, r.mem_used >> 20);
+                        eprint!("{:.2} s, {} MiB used", r.secs, r.mem_used >> 20);
+                        if r.oom_stalls > 0 {
+                            eprint!(", {} OOM stalls relieved", r.oom_stalls);
+                        }
+                        eprintln!();
                     } else {
                         eprintln!("OOM-killed");
                     }

@@ -82,6 +82,14 @@ pub struct Args {
     /// A run taking longer than this many seconds is killed and counted as failed.
     #[arg(long, default_value_t = 1200)]
     timeout: u64,
+    /// Let the Linux-swap cgroup's OOM killer end a program whose limit is too tight, as
+    /// Linux does by default (the point then reads OOM). By default it is off (cgroup v1
+    /// `memory.oom_control`) and a thread of the benchmark ends each stall: a charge that
+    /// fails parks the program's thread, the benchmark reclaims 128 KiB of the cgroup from
+    /// outside and wakes it, so every point gets a time (the count is in the JSON and the
+    /// run's line).
+    #[arg(long)]
+    oom_kill: bool,
     /// Run nothing: write the tables, JSON and plots again from the runs.csv in --out (of a
     /// suite that finished, or was interrupted). The workloads, modes, points and repeats
     /// are those in the file; give the --scale it ran with, for the data sizes in the titles.
@@ -95,6 +103,7 @@ pub fn run(mut a: Args) -> Result<()> {
     }
     check(&mut a)?;
     crate::swap::use_zram_compressor((a.zram_comp != "default").then_some(a.zram_comp.as_str()));
+    crate::swap::use_oom_killer(a.oom_kill);
     std::fs::create_dir_all(a.out.join("logs"))
         .with_context(|| format!("creating {}", a.out.display()))?;
     install_cleanup_handler()?;
@@ -367,15 +376,21 @@ impl Suite<'_> {
         };
         let outcome = checked(self.runner.run(&job)?, reference.map(|r| r.0.as_str()));
         let how = match &outcome {
-            Outcome::Done(m) => format!(
-                "{:.2} s, {:.0} {}/s, peak RSS {} MiB, {} faults, {} MiB moved",
-                m.secs,
-                m.ops as f64 / m.secs,
-                w.unit(),
-                m.peak_rss >> 20,
-                m.faults,
-                m.bytes_moved >> 20
-            ),
+            Outcome::Done(m) => {
+                let mut how = format!(
+                    "{:.2} s, {:.0} {}/s, peak RSS {} MiB, {} faults, {} MiB moved",
+                    m.secs,
+                    m.ops as f64 / m.secs,
+                    w.unit(),
+                    m.peak_rss >> 20,
+                    m.faults,
+                    m.bytes_moved >> 20
+                );
+                if let Some(n) = m.detail["oom_stalls"].as_u64().filter(|&n| n > 0) {
+                    how += &format!(", {n} OOM stalls relieved");
+                }
+                how
+            }
             Outcome::OomKilled { wall_s } => format!("OOM-killed after {wall_s:.1} s"),
             Outcome::Failed(why) => format!("FAILED: {why}"),
         };

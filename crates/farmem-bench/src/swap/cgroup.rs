@@ -120,6 +120,9 @@ pub(super) fn create_cgroup(
             if memsw.exists() {
                 write_sys(&memsw, "-1")?;
             }
+            if !oom_killer() {
+                ch.relief = Some(OomRelief::start(&dir, mem_limit)?);
+            }
             check_v1_ancestors(&plan.parent, mem_limit, swap_bytes);
         }
         CgVersion::V2 => {

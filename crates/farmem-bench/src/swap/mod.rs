@@ -16,6 +16,7 @@
 
 mod cgroup;
 mod device;
+mod oom_relief;
 mod signals;
 mod sysfs;
 #[cfg(test)]
@@ -23,6 +24,7 @@ mod tests;
 
 use cgroup::*;
 use device::*;
+use oom_relief::OomRelief;
 use signals::*;
 pub use signals::{install_cleanup_handler, kill_group_on_signal};
 use sysfs::*;
@@ -100,6 +102,10 @@ pub struct SwapStats {
     /// Peak RAM the zram device itself used for the compressed pages (not charged to the
     /// cgroup: count it when comparing memory footprints).
     pub zram_mem_used_max: Option<u64>,
+    /// OOM stalls (v1, OOM killer off) ended by reclaim from outside the program, and how
+    /// many of those let it past the limit for a moment ([`oom_relief`]).
+    pub oom_stalls: Option<u64>,
+    pub oom_overruns: Option<u64>,
 }
 
 impl SwapStats {
@@ -124,6 +130,8 @@ impl SwapStats {
             "device_written": self.device_written,
             "device_read": self.device_read,
             "zram_mem_used_max": self.zram_mem_used_max,
+            "oom_stalls": self.oom_stalls,
+            "oom_overruns": self.oom_overruns,
         })
     }
 }
@@ -159,6 +167,8 @@ struct Measure {
     /// reading them through these descriptors gives the peak since the reset.
     peak_fd: Option<File>,
     swap_peak_fd: Option<File>,
+    /// The OOM relief's counts (stalls, overruns).
+    oom: Option<(u64, u64)>,
 }
 
 /// The registered, shared part of a baseline: the record of what setup changed.
@@ -183,6 +193,8 @@ struct Changes {
     swap_active: Option<PathBuf>,
     v2_memory_enabled_in: Option<PathBuf>,
     cgroup: Option<PathBuf>,
+    /// The cgroup's OOM relief (v1 with the OOM killer off); stopped before the cgroup goes.
+    relief: Option<OomRelief>,
     /// The lock on [`LOCK_PATH`]; released when the baseline is dropped.
     lock: Option<File>,
 }
@@ -218,6 +230,23 @@ pub fn use_zram_compressor(alg: Option<&str>) {
 
 fn zram_compressor() -> Option<String> {
     lock(&ZRAM_COMPRESSOR).clone()
+}
+
+/// Whether the baselines' cgroups keep their OOM killer (off by default, see
+/// [`use_oom_killer`]).
+static OOM_KILLER: AtomicBool = AtomicBool::new(false);
+
+/// Let the cgroups set up from now on OOM-kill a program whose limit is too tight, as Linux
+/// does by default. Off (the default), a v1 cgroup gets `memory.oom_control` = 1 and an
+/// [`OomRelief`]: a charge that fails parks the faulting thread, a thread of ours reclaims
+/// for it from outside, and the program goes on, so every point has a time. cgroup v2 has no
+/// such switch.
+pub fn use_oom_killer(on: bool) {
+    OOM_KILLER.store(on, Ordering::Relaxed);
+}
+
+fn oom_killer() -> bool {
+    OOM_KILLER.load(Ordering::Relaxed)
 }
 
 impl SwapBaseline {
@@ -308,6 +337,17 @@ impl SwapBaseline {
                 "zswap is enabled: swapped-out pages are compressed in RAM before they reach \
                  the swap device (disable with echo N > /sys/module/zswap/parameters/enabled)"
             );
+        }
+        match (plan.version, oom_killer()) {
+            (CgVersion::V1, false) => notes.push("OOM killer off, its stalls relieved".into()),
+            (CgVersion::V2, false) => {
+                notes.push("OOM killer on (cgroup v2 cannot turn it off)".into());
+                tracing::warn!(
+                    "cgroup v2 has no switch for the OOM killer: a tight limit may still kill \
+                     the program"
+                );
+            }
+            (_, true) => {}
         }
         if plan.version == CgVersion::V1 && !cgroup.join("memory.memsw.usage_in_bytes").exists() {
             notes.push("no swap accounting".to_string());
@@ -440,7 +480,17 @@ impl SwapBaseline {
             }
             s.zram_mem_used_max = zram_mm_stat(n).and_then(|v| v.get(4).copied());
         }
+        if let (Some((s0, o0)), Some((s1, o1))) = (m.oom, self.oom_counts()) {
+            s.oom_stalls = Some(s1 - s0);
+            s.oom_overruns = Some(o1 - o0);
+        }
         s
+    }
+
+    /// The OOM relief's counts so far (stalls, overruns), if the cgroup has one.
+    fn oom_counts(&self) -> Option<(u64, u64)> {
+        let ch = lock(&self.inner.state);
+        ch.relief.as_ref().map(|r| (r.stalls(), r.overruns()))
     }
 
     /// E.g. "linux-swap-zram (limit 256 MiB, swap 2 GiB on /dev/zram0, cgroup v1, swappiness
@@ -528,6 +578,7 @@ impl SwapBaseline {
             }
         }
         m.vmstat = read_vmstat_swap();
+        m.oom = self.oom_counts();
         if let Some(n) = self.info.zram_index {
             m.device = zram_io(n);
             // Any write resets the watermark to the current value.
@@ -578,6 +629,7 @@ impl Changes {
     /// failed (those records stay, so a later call retries them). Never panics.
     fn teardown(&mut self) -> Vec<anyhow::Error> {
         let mut errs = Vec::new();
+        self.relief = None;
         if let Some(dir) = self.cgroup.clone() {
             match remove_cgroup(&dir, self.version.unwrap_or(CgVersion::V1)) {
                 Ok(()) => self.cgroup = None,
