@@ -471,8 +471,8 @@ fn verify(st: &State, victims: &mut [Victim]) {
 }
 
 /// Copy the (write-protected) dirty victims out and write them to the backend; returns once
-/// the backend has acknowledged. Each page's digest is kept for its next eviction (see
-/// `page/digest.rs`) when pages may be installed unverified.
+/// the backend has acknowledged. (No digest is taken here: a page's is taken when it is
+/// installed unverified, from the fetched bytes, `fetch::phases`.)
 fn write_back(st: &State, dirty: &[&Victim]) -> Result<(), BackendError> {
     let mut keys = Vec::with_capacity(dirty.len());
     let mut pages = Vec::with_capacity(dirty.len());
@@ -490,18 +490,6 @@ fn write_back(st: &State, dirty: &[&Victim]) -> Result<(), BackendError> {
         // from it is sound for as long as `pages` lives.
         pages.push(unsafe { std::slice::from_raw_parts(addr as *const u8, PAGE_SIZE) });
     }
-    let digests: Vec<u128> = if st.keeps_digests() {
-        dirty
-            .iter()
-            .zip(&pages)
-            .map(|(v, page)| match v.digest {
-                0 => digest::of(page),
-                d => d, // taken by `verify` on the same, write-protected, contents
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
     // An in-process store reads the pages where they are; others get a copy to send.
     match st.backend.write_in_place(&keys, &pages) {
         Some(r) => r?,
@@ -515,9 +503,6 @@ fn write_back(st: &State, dirty: &[&Victim]) -> Result<(), BackendError> {
                 .submit_write(IoClass::WriteBack, keys, buf)
                 .wait(st.io_timeout)?;
         }
-    }
-    for (v, d) in dirty.iter().zip(digests) {
-        digest::store(v.vpn, d);
     }
     Ok(())
 }

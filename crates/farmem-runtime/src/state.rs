@@ -138,8 +138,9 @@ pub(crate) struct State {
 }
 
 impl State {
-    /// Are page digests worth taking at eviction? They tell an unverified page that equals
-    /// its far copy, which is then dropped without a write-back; where fetched pages lose
+    /// Are page digests worth taking (at unverified installs, to compare at eviction)? They
+    /// tell an unverified page that equals its far copy, which is then dropped without a
+    /// write-back; where fetched pages lose
     /// their far copy (`FarCopies::Drop`) every evicted page is written back, but the digest
     /// still tells whether the page was written during its stay: whether its next fetch
     /// should install it writable (`WROTE_LAST`, `write_guess.rs`). XXH3 of a page costs

@@ -4,10 +4,15 @@
 //!
 //! A digest is XXH3-128 keyed with a secret drawn at random for the process: two different
 //! pages share a digest with probability about 2^-128, and contents chosen to collide would
-//! need the secret. It is taken when a page is written back (the copy sent is the far copy)
-//! and stored in a flat table beside the page words (16 bytes per page of a live region,
-//! 0.4% of the data; only table pages that are touched use memory). 0 means "unknown":
-//! a page whose digest is unknown counts as changed.
+//! need the secret. It is taken when a page is installed unverified over a far copy, from
+//! the fetched bytes (those of the far copy), and only then: no other page is ever compared.
+//! (It used to be taken at every write-back, over pages gone cold in the cache, for the few
+//! that would come back unverified.) A digest left from an earlier stay is never trusted:
+//! eviction drops a page as unchanged only if it is unverified and has a far copy, which
+//! means this stay's install stored its digest. Digests live in a flat table beside the
+//! page words (16 bytes per page of a live region, 0.4% of the data; only table pages that
+//! are touched use memory). 0 means "unknown": a page whose digest is unknown counts as
+//! changed.
 //!
 //! Only the holder of a page's lock reads or writes its digest.
 
