@@ -325,6 +325,8 @@ struct RunResult {
     /// Linux swap: OOM stalls the benchmark ended by reclaiming from outside (its OOM
     /// killer is off, see `--oom-kill`).
     oom_stalls: u64,
+    /// And how long the program was seen parked in them, ms.
+    oom_parked_ms: f64,
 }
 
 /// The `fork-us N` lines of a program's stderr.
@@ -394,6 +396,7 @@ fn run_native(w: &Workload) -> Result<RunResult> {
         fork_us: fork_times(&stderr),
         peak_local: None,
         oom_stalls: 0,
+        oom_parked_ms: 0.0,
     })
 }
 
@@ -451,6 +454,7 @@ fn run_farmem(w: &Workload, local: u64, backend: &str, dir: &Path) -> Result<Run
         fork_us: fork_times(&out.stderr),
         peak_local,
         oom_stalls: 0,
+        oom_parked_ms: 0.0,
     })
 }
 
@@ -477,6 +481,7 @@ fn run_swap(w: &Workload, kind: &SwapKind, limit: u64, peak: u64) -> Result<RunR
             fork_us: Vec::new(),
             peak_local: None,
             oom_stalls: st.oom_stalls.unwrap_or(0),
+            oom_parked_ms: st.oom_parked_us.unwrap_or(0) as f64 / 1e3,
         });
     }
     if !out.status.success() {
@@ -496,6 +501,7 @@ fn run_swap(w: &Workload, kind: &SwapKind, limit: u64, peak: u64) -> Result<RunR
         fork_us: fork_times(&out.stderr),
         peak_local: None,
         oom_stalls: st.oom_stalls.unwrap_or(0),
+        oom_parked_ms: st.oom_parked_us.unwrap_or(0) as f64 / 1e3,
     })
 }
 
@@ -597,7 +603,10 @@ fn run_in(a: &Args, dir: &Path) -> Result<()> {
                     if r.secs.is_finite() {
                         eprint!("{:.2} s, {} MiB used", r.secs, r.mem_used >> 20);
                         if r.oom_stalls > 0 {
-                            eprint!(", {} OOM stalls relieved", r.oom_stalls);
+                            eprint!(
+                                ", {} OOM stalls relieved ({:.0} ms parked)",
+                                r.oom_stalls, r.oom_parked_ms
+                            );
                         }
                         eprintln!();
                     } else {

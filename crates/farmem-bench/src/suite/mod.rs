@@ -387,7 +387,8 @@ impl Suite<'_> {
                     m.bytes_moved >> 20
                 );
                 if let Some(n) = m.detail["oom_stalls"].as_u64().filter(|&n| n > 0) {
-                    how += &format!(", {n} OOM stalls relieved");
+                    let ms = m.detail["oom_parked_us"].as_u64().unwrap_or(0) as f64 / 1e3;
+                    how += &format!(", {n} OOM stalls relieved ({ms:.0} ms parked)");
                 }
                 how
             }

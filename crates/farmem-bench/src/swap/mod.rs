@@ -102,10 +102,12 @@ pub struct SwapStats {
     /// Peak RAM the zram device itself used for the compressed pages (not charged to the
     /// cgroup: count it when comparing memory footprints).
     pub zram_mem_used_max: Option<u64>,
-    /// OOM stalls (v1, OOM killer off) ended by reclaim from outside the program, and how
-    /// many of those let it past the limit for a moment ([`oom_relief`]).
+    /// OOM stalls (v1, OOM killer off) the benchmark ended, how many times it raised the
+    /// limit for a moment to do so, and how long the program was seen parked in them
+    /// ([`oom_relief`]).
     pub oom_stalls: Option<u64>,
     pub oom_overruns: Option<u64>,
+    pub oom_parked_us: Option<u64>,
 }
 
 impl SwapStats {
@@ -132,6 +134,7 @@ impl SwapStats {
             "zram_mem_used_max": self.zram_mem_used_max,
             "oom_stalls": self.oom_stalls,
             "oom_overruns": self.oom_overruns,
+            "oom_parked_us": self.oom_parked_us,
         })
     }
 }
@@ -167,8 +170,8 @@ struct Measure {
     /// reading them through these descriptors gives the peak since the reset.
     peak_fd: Option<File>,
     swap_peak_fd: Option<File>,
-    /// The OOM relief's counts (stalls, overruns).
-    oom: Option<(u64, u64)>,
+    /// The OOM relief's counts (stalls, overruns, time parked).
+    oom: Option<(u64, u64, Duration)>,
 }
 
 /// The registered, shared part of a baseline: the record of what setup changed.
@@ -480,17 +483,20 @@ impl SwapBaseline {
             }
             s.zram_mem_used_max = zram_mm_stat(n).and_then(|v| v.get(4).copied());
         }
-        if let (Some((s0, o0)), Some((s1, o1))) = (m.oom, self.oom_counts()) {
+        if let (Some((s0, o0, p0)), Some((s1, o1, p1))) = (m.oom, self.oom_counts()) {
             s.oom_stalls = Some(s1 - s0);
             s.oom_overruns = Some(o1 - o0);
+            s.oom_parked_us = Some(p1.saturating_sub(p0).as_micros() as u64);
         }
         s
     }
 
-    /// The OOM relief's counts so far (stalls, overruns), if the cgroup has one.
-    fn oom_counts(&self) -> Option<(u64, u64)> {
+    /// The OOM relief's counts so far (stalls, overruns, time parked), if the cgroup has one.
+    fn oom_counts(&self) -> Option<(u64, u64, Duration)> {
         let ch = lock(&self.inner.state);
-        ch.relief.as_ref().map(|r| (r.stalls(), r.overruns()))
+        ch.relief
+            .as_ref()
+            .map(|r| (r.stalls(), r.overruns(), r.parked()))
     }
 
     /// E.g. "linux-swap-zram (limit 256 MiB, swap 2 GiB on /dev/zram0, cgroup v1, swappiness
