@@ -190,13 +190,11 @@ impl Relief {
             // While the program runs, one try a millisecond: it may run on the other CPU of
             // a small machine, and this thread must not take its time. Parked, it waits for
             // this reclaim (whose uncharges wake it): as many tries as the kernel's.
-            if raised > 0 {
-                let tries = if parked { RECLAIM_TRIES } else { 1 };
-                if (0..tries).any(|_| self.set_limit(self.limit).is_ok()) {
-                    // A program still parked is woken below: the limit may have come back
-                    // with nothing to reclaim, so with no uncharge to wake it.
-                    raised = 0;
-                }
+            let tries = if parked { RECLAIM_TRIES } else { 1 };
+            if raised > 0 && self.reclaim_to(self.limit, tries) {
+                // A program still parked is woken below: the limit may have come back with
+                // nothing to reclaim, so with no uncharge to wake it.
+                raised = 0;
             }
             if !parked {
                 parked_at = None;
@@ -205,7 +203,7 @@ impl Relief {
             if raised == 0 {
                 // Reclaim a relief's worth below the limit, then set it back: that wakes the
                 // parked threads, whose faults retry into the room made.
-                if self.reclaim_to(self.limit - RELIEF_BYTES) {
+                if self.reclaim_to(self.limit - RELIEF_BYTES, RECLAIM_TRIES) {
                     let _ = self.set_limit(self.limit);
                     self.woken(&mut parked_at);
                     continue;
@@ -242,9 +240,9 @@ impl Relief {
     }
 
     /// Sets the limit to `bytes`, which makes the kernel reclaim down to it in this thread:
-    /// whether it could, within the tries the kernel's own charge path makes.
-    fn reclaim_to(&self, bytes: u64) -> bool {
-        (0..RECLAIM_TRIES).any(|_| self.set_limit(bytes).is_ok())
+    /// whether it could, within `tries`.
+    fn reclaim_to(&self, bytes: u64, tries: usize) -> bool {
+        (0..tries).any(|_| self.set_limit(bytes).is_ok())
     }
 
     fn under_oom(&self) -> bool {

@@ -296,7 +296,8 @@ pub(crate) fn install_phase(
         st.uffd
             .copy(addr_of(run[0].vpn), src, run.len() * PAGE_SIZE, mode)
             .map_err(|e| Error::sys("installing pages (UFFDIO_COPY)", e))?;
-        if unverified > 0 && st.keeps_digests() {
+        // (Pages are installed unverified only where digests are kept: `access_for`.)
+        if unverified > 0 {
             store_digests(run, &access[i..j], src);
         }
         if let Some(s) = scratch {
