@@ -134,6 +134,7 @@ pub fn hint_slow(addr: usize, len: usize, flags: u32, readahead: i32, ev_prio: u
         mode: Mode::Hint,
         readahead_useful_for: None,
         readahead_trusted: false,
+        fresh_end: 0,
     };
     match demand::ensure(&st, &reg, &req) {
         Ok(o) if o.installed + o.unprotected > 0 => add(&st.stats.c.hint_misses, 1),

@@ -235,3 +235,55 @@ fn allocations_filled_from_their_start_fault_once_per_64_pages() {
         assert_eq!(rd_at(&r, p * PAGE_SIZE), p as u64 + 3, "page {p}");
     }
 }
+
+/// A heap filled in order from its start, page by page, where no allocation was reported
+/// (mimalloc's arenas, filled a 64 KiB page at a time): each fault zero-fills as far ahead
+/// as the run of resident pages behind it, up to 64 pages, so 2,048 pages take a few dozen
+/// faults, not one per 16-page block (128), and no more than 64 pages go past the last one
+/// written. Past the end of a reported allocation it is the room after a block, not a front:
+/// only the rest of the 16-page block. (Fault read-ahead is off, so that the counts are the
+/// zero-fill's alone; raced faults are allowed as in the tests above.)
+#[test]
+fn a_heap_filled_in_order_faults_at_growing_distances_and_stops_at_a_block_end() {
+    let settle = || std::thread::sleep(Duration::from_millis(50));
+    const PAGES: usize = 2048;
+    let rt = runtime(64 << 20, 32, 0);
+    let r = rt.create_region(32 << 20).unwrap();
+    let base = r.as_ptr() as usize;
+    for p in 0..PAGES {
+        wr_at(&r, p * PAGE_SIZE, p as u64 + 5);
+    }
+    settle();
+    let s = rt.stats();
+    let faults = s.unhinted_faults - s.spurious_faults - s.stolen_faults;
+    // 1 + 1 (the first block) + 16, 32 (the ramp) + one per 64 pages after.
+    assert!(
+        (PAGES as u64 / 64..=PAGES as u64 / 64 + 6).contains(&faults),
+        "{PAGES} pages written in order: {faults} faults: {s}"
+    );
+    assert!(
+        s.pages_installed as usize <= PAGES + 64,
+        "more than 64 pages past the front: {s}"
+    );
+    // A reported allocation filled to its end, then a touch just past it.
+    let at = 4096;
+    rt.mark_allocated(base + at * PAGE_SIZE, 100 * PAGE_SIZE);
+    for p in at..at + 100 {
+        wr_at(&r, p * PAGE_SIZE, p as u64 + 5);
+    }
+    settle();
+    let before = rt.stats();
+    wr_at(&r, (at + 100) * PAGE_SIZE, 1);
+    settle();
+    let after = rt.stats();
+    let raced = (after.stolen_faults - before.stolen_faults)
+        + (after.spurious_faults - before.spurious_faults);
+    // Page 4196 is in the block 4192..4208: 12 pages.
+    assert!(
+        after.pages_installed - before.pages_installed <= 12 + raced,
+        "past a reported allocation: {after}"
+    );
+    for p in (0..PAGES).chain(at..at + 100) {
+        assert_eq!(rd_at(&r, p * PAGE_SIZE), p as u64 + 5, "page {p}");
+    }
+}

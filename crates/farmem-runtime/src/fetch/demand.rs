@@ -165,9 +165,13 @@ fn lock_readahead(st: &State, reg: &RegionInfo, req: &Request, me: u16, batch: &
         .unsigned_abs()
         .min(st.cfg.max_readahead.max(st.cfg.fault_readahead));
     // Hints name their range: only a fault's window is bounded (no lookup for hints).
-    let block = (req.mode == Mode::Fault).then(|| match st.extents.around(req.first) {
-        Some(allocation) => allocation,
-        None => (req.first & !(FRESH_BLOCK - 1))..((req.first | (FRESH_BLOCK - 1)) + 1),
+    // A fault at the front of memory filled in order may go further (`Request::fresh_end`).
+    let block = (req.mode == Mode::Fault).then(|| {
+        let b = match st.extents.around(req.first) {
+            Some(allocation) => allocation,
+            None => (req.first & !(FRESH_BLOCK - 1))..((req.first | (FRESH_BLOCK - 1)) + 1),
+        };
+        b.start..b.end.max(req.fresh_end)
     });
     let speculative =
         |v: usize, old: PageWord| block.as_ref().is_some_and(|b| !b.contains(&v)) && !old.is_far();

@@ -255,6 +255,7 @@ fn complete(st: &State, mut b: Batch) -> Result<()> {
         mode: Mode::Hint,
         readahead_useful_for: None,
         readahead_trusted: false,
+        fresh_end: 0,
     };
     phases::install_phase(st, &b.reg, &req, &b.pages, b.read, give_buf)?;
     if st

@@ -33,6 +33,9 @@ pub(crate) struct Request {
     /// demanded ones (a protected band may take them: a sequential loop larger than the
     /// budget faults once per window, and its band would otherwise take one page in 256).
     pub readahead_trusted: bool,
+    /// A fault at the front of memory being filled in order: its read-ahead may zero-fill
+    /// fresh pages up to here (exclusive), past its block (0: no such front).
+    pub fresh_end: usize,
 }
 
 impl Request {
@@ -48,6 +51,7 @@ impl Request {
             mode,
             readahead_useful_for: None,
             readahead_trusted: false,
+            fresh_end: 0,
         }
     }
 }
