@@ -96,12 +96,12 @@ fn growing_fresh_memory_faults_once_per_block_and_sparse_touches_take_no_more() 
 }
 
 /// A predicted stream of writes through fresh memory (fault read-ahead on) zero-fills no
-/// more than the rest of a 16-page block beyond what it wrote: the pages after a block's
-/// end may be memory the program never uses (the room after a large block, the tail of an
-/// allocator's slot), and they would cost the budget. Pages with far copies are still read
-/// ahead past the block.
+/// more than the front rule allows beyond what it wrote (64 pages): the pages after a
+/// stream's end may be memory the program never uses (the room after a large block, the
+/// tail of an allocator's slot), and they would cost the budget. Pages with far copies are
+/// still read ahead past it.
 #[test]
-fn speculative_zero_fills_stay_within_a_block_of_the_fault() {
+fn speculative_zero_fills_stay_within_the_front_of_the_fault() {
     const PAGES: usize = 300;
     let rt = runtime(4 << 20, 32, 64);
     let r = rt.create_region(16 << 20).unwrap();
@@ -109,9 +109,8 @@ fn speculative_zero_fills_stay_within_a_block_of_the_fault() {
         wr_at(&r, p * PAGE_SIZE, p as u64 + 1);
     }
     let s = rt.stats();
-    // Page 299 is in the block 288..304: at most 4 pages beyond it.
     assert!(
-        s.pages_installed as usize <= PAGES.next_multiple_of(16),
+        s.pages_installed as usize <= PAGES + 64,
         "{PAGES} pages written, {} installed: {s}",
         s.pages_installed
     );
@@ -155,7 +154,7 @@ fn speculative_zero_fills_run_to_the_end_of_a_known_allocation_and_stop_there() 
         (s.unhinted_faults as usize) < PAGES / 16,
         "fewer faults than one per 16-page block: {s}"
     );
-    // Freed: a stream over the same pages (discarded, fresh again) gets the block rule.
+    // Freed: a stream over the same pages (discarded, fresh again) gets the front rule.
     rt.mark_freed(base, PAGES * PAGE_SIZE);
     rt.discard(base, 2 * PAGES * PAGE_SIZE);
     let before = rt.stats();
@@ -163,16 +162,14 @@ fn speculative_zero_fills_run_to_the_end_of_a_known_allocation_and_stop_there() 
         wr_at(&r, p * PAGE_SIZE, p as u64 + 7);
     }
     let after = rt.stats();
-    // The block rule: the 300 pages rounded up to their 16-page block (304). A fault the
-    // control thread serves for a busy fault thread may install one page more, and so may a
-    // fault that finds its page already resolved by the other server (CI, twice: 305
-    // installed, with 2 stolen faults and 1 spurious in the whole test, once with no stolen
-    // fault in this phase); the whole predicted window, as before the block rule, installed
-    // 325.
+    // The front rule: at most 64 pages past the 300 written (321 installed here), where
+    // the allocation's end allowed 1,000. A fault the control thread serves for a busy fault
+    // thread may install one page more, and so may a fault that finds its page already
+    // resolved by the other server (CI saw both).
     let raced = (after.stolen_faults - before.stolen_faults) as usize
         + (after.spurious_faults - before.spurious_faults) as usize;
     assert!(
-        ((after.pages_installed - before.pages_installed) as usize) <= 304 + raced,
+        ((after.pages_installed - before.pages_installed) as usize) <= 300 + 64 + raced,
         "{after}"
     );
     for p in 0..300 {
