@@ -22,9 +22,8 @@ pub(crate) fn set_aside_resident(st: &State) {
     }
     st.inherited_since_ns.store(st.now_ns(), Ordering::Relaxed);
     let mut policy = st.policy();
-    let n = policy.len();
-    let mut pages = Vec::with_capacity(n);
-    policy.take_victims(n, &mut pages, &Unused);
+    let mut pages = Vec::with_capacity(policy.len());
+    policy.take_all(&mut pages, &Unused);
     // After any still set aside from an earlier fork.
     st.inherited.lock().extend(pages);
 }

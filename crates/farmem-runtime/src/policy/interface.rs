@@ -47,6 +47,13 @@ pub(crate) trait Policy: Send {
     /// hands back the ones it could not evict right now through [`Policy::reinsert`].
     fn take_victims(&mut self, n: usize, out: &mut Vec<usize>, bits: &dyn UseBits);
 
+    /// Remove every page, best victim first, none of them to be reinserted (a fork sets
+    /// them all aside: `inherited.rs`).
+    fn take_all(&mut self, out: &mut Vec<usize>, bits: &dyn UseBits) {
+        let n = self.len();
+        self.take_victims(n, out, bits);
+    }
+
     /// Return a candidate that could not be evicted now (locked, or kept local because the
     /// far tier was full).
     fn reinsert(&mut self, vpn: usize);

@@ -112,6 +112,10 @@ impl Policy for Priority {
 
     fn take_victims(&mut self, n: usize, out: &mut Vec<usize>, bits: &dyn UseBits) {
         self.sort_level0(LOOKS_PER_VICTIM * n + 16, bits);
+        // A batch is at most a few hundred pages: a map once grown far larger goes.
+        if self.last_taken.capacity() > 4 * n.max(1024) {
+            self.last_taken = HashMap::new();
+        }
         self.last_taken.clear();
         let mut taken = 0;
         for level in (0..LEVELS).rev() {
@@ -127,6 +131,21 @@ impl Policy for Priority {
                 self.last_taken.insert(v, level as u8);
             }
         }
+    }
+
+    /// Every level in turn, highest first, with no record of each page's level (none comes
+    /// back): at a fork with 512 MiB resident, recording them in `last_taken` took ~17 ms
+    /// of the parent's first `fork()` (26 ms against 8.5 natively) and left a map of 131 K
+    /// entries behind.
+    fn take_all(&mut self, out: &mut Vec<usize>, bits: &dyn UseBits) {
+        self.last_taken = HashMap::new();
+        for level in (1..LEVELS).rev() {
+            let ring = &mut self.upper[level - 1];
+            let n = ring.len();
+            ring.take(n, out, bits);
+        }
+        let n = self.level0.len();
+        self.level0.take(n, out, bits);
     }
 
     fn reinsert(&mut self, vpn: usize) {
@@ -181,6 +200,26 @@ mod tests {
         // Inside level 0, the page used since the hand passed goes last.
         assert_eq!(take(&mut p, 2, &bits), [3, 2]);
         assert!(p.is_empty());
+    }
+
+    /// A fork takes every page, highest level first, and keeps no record of them.
+    #[test]
+    fn take_all_empties_every_level_highest_first() {
+        let bits = FakeBits::default();
+        let mut p = Priority::default();
+        let (o, s) = (2 * AREA_PAGES, 3 * AREA_PAGES);
+        p.insert(&[1, 2, 3], 0);
+        p.insert(&[o, o + 1], 5);
+        p.insert(&[s], 2);
+        // A batch taken before leaves its record; taking all clears it.
+        let mut first = Vec::new();
+        p.take_victims(1, &mut first, &bits);
+        assert_eq!(first, [o]);
+        let mut out = Vec::new();
+        p.take_all(&mut out, &bits);
+        assert_eq!(out, [o + 1, s, 1, 2, 3]);
+        assert!(p.is_empty());
+        assert!(p.last_taken.is_empty());
     }
 
     #[test]
