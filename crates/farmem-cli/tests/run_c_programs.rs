@@ -224,6 +224,25 @@ fn fork_over_a_memory_server_brings_far_pages_back_for_the_child() {
     );
 }
 
+/// A forked worker that ends with `_exit` (python3's multiprocessing workers, a shell's
+/// subshells) runs no exit handler: its runtime's control thread writes its statistics, so
+/// the report counts what it evicted.
+#[test]
+fn a_forked_child_ending_with_underscore_exit_reports_its_statistics() {
+    let dir = Scratch::new("fork-exit");
+    let prog = compile("fork_exit", &dir);
+    let r = farmem_run(&dir, "16M", &prog, &["48"]);
+    r.assert_success();
+    let s = r.stats.as_ref().expect("--stats-json output");
+    assert_eq!(s["other_processes"], 1, "{}", r.describe());
+    let evicted = s["other_stats"]["pages_evicted"].as_u64().unwrap_or(0);
+    assert!(
+        evicted > 0,
+        "the child's evictions are missing from the report\n{}",
+        r.describe()
+    );
+}
+
 #[test]
 fn eight_threads_allocate_reallocate_and_free_under_a_small_budget() {
     let dir = Scratch::new("threads");

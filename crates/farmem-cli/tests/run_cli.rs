@@ -284,10 +284,12 @@ fn run_16m_with_stats(json: &Scratch, prog: &[&str]) -> Output {
 #[test]
 fn stats_json_is_valid_and_has_the_outcome() {
     let json = Scratch::new("stats.json");
-    // dash leaves with _exit: the program's own statistics are missing, the outcome is not.
+    // dash leaves with _exit, which runs no exit handler: its control thread writes the
+    // statistics.
     let o = run_16m_with_stats(&json, &["sh", "-c", "exit 3"]);
     assert_eq!(o.status.code(), Some(3), "{}", show(&o));
     let j = json.json();
+    assert!(j["stats"]["unhinted_faults"].is_u64(), "{j}");
     assert_eq!(j["exit_code"], 3, "{j}");
     assert!(j["signal"].is_null(), "{j}");
     assert!(j["pid"].as_u64().is_some_and(|p| p > 0), "{j}");
@@ -323,8 +325,9 @@ fn stats_json_is_valid_and_has_the_outcome() {
     }
     assert_eq!(j["stats"]["budget_bytes"], 16u64 << 20, "{j}");
 
-    // A shell that runs a program (dash forks it, then leaves with _exit): the statistics
-    // are the program's, and say whose they are.
+    // A shell that runs a program (dash forks it, then leaves with _exit, which runs no
+    // exit handler): the statistics shown are the program's, and say whose they are; the
+    // shell's (written by its control thread at _exit) count among the others.
     let o = run_16m_with_stats(
         &json,
         &["sh", "-c", "/usr/bin/ls /nonexistent/farmem-test; exit 4"],
@@ -334,7 +337,15 @@ fn stats_json_is_valid_and_has_the_outcome() {
     assert!(j["stats"]["unhinted_faults"].is_u64(), "{j}");
     let (pid, by) = (j["pid"].as_u64(), j["stats_pid"].as_u64());
     assert!(by.is_some() && by != pid, "whose statistics: {j}");
-    assert_eq!(j["other_processes"], 0, "{j}");
+    assert_eq!(j["other_processes"], 1, "{j}");
+
+    // Forked children that end with _exit without executing anything (dash's subshells)
+    // report too: one of them stands in for the shell, the other two count as others.
+    let o = run_16m_with_stats(&json, &["sh", "-c", "(exit 3); (exit 5); exit 0"]);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let j = json.json();
+    assert_ne!(j["stats_pid"], j["pid"], "whose statistics: {j}");
+    assert_eq!(j["other_processes"], 2, "{j}");
 
     // A shell (bash, which exits through exit()) that runs three programs: each process
     // appends its line to the run's statistics file, and the report counts the other three.

@@ -33,6 +33,7 @@ pub(crate) fn run(st: Arc<State>) {
     let mut tidied_ns = 0;
     let mut faults_seen = 0;
     while !st.shutdown.load(Ordering::Acquire) {
+        exit_report(&st);
         release_unused(&st);
         pool.adapt(&st);
         tidy(&st, &mut tidied_ns);
@@ -48,7 +49,10 @@ pub(crate) fn run(st: Arc<State>) {
         faults_seen = faults;
         let g = st.control_lock.lock().unwrap_or_else(|p| p.into_inner());
         st.control_sleeping.store(true, Ordering::SeqCst);
-        if !st.wants_free_pages() && !st.shutdown.load(Ordering::Acquire) {
+        if !st.wants_free_pages()
+            && !st.shutdown.load(Ordering::Acquire)
+            && st.exit_report.load(Ordering::Acquire) != 1
+        {
             drop(
                 st.control_cv
                     .wait_timeout(g, if quiet { tick.max(QUIET_TICK) } else { tick }),
@@ -94,6 +98,18 @@ impl FreePool {
         let now_target = (2 * self.recent).clamp(floor.min(most), most);
         st.free_target_now.store(now_target, Ordering::Relaxed);
     }
+}
+
+/// Write the exit report if a thread ending the process asked for it, and tell it.
+fn exit_report(st: &State) {
+    if st.exit_report.load(Ordering::Acquire) != 1 {
+        return;
+    }
+    if let Some(report) = st.exit_report_hook.get() {
+        let _ = std::panic::catch_unwind(report);
+    }
+    st.exit_report.store(2, Ordering::Release);
+    farmem_sys::mem::futex_wake_all(&st.exit_report);
 }
 
 /// How often the embedding's release hook runs: when the budget is short, before pages in

@@ -212,6 +212,8 @@ impl Runtime {
             evict_gate: Default::default(),
             release_hook: Default::default(),
             release_called_ns: AtomicU64::new(0),
+            exit_report_hook: Default::default(),
+            exit_report: AtomicU64::new(0),
             deferred: Default::default(),
             deferred_at_ns: AtomicU64::new(0),
         });
@@ -345,6 +347,53 @@ impl Runtime {
     /// call [`Runtime::discard`]. Only the first hook set is kept.
     pub fn set_release_hook(&self, release: fn(bool)) {
         let _ = self.owner.st.release_hook.set(release);
+    }
+
+    /// Have the control thread call `report` when the process ends without its exit
+    /// handlers ([`Runtime::report_at_exit`]). Only the first hook set is kept.
+    pub fn set_exit_report_hook(&self, report: fn()) {
+        let _ = self.owner.st.exit_report_hook.set(report);
+    }
+
+    /// Have the control thread run the exit report hook, and wait for it at most
+    /// `timeout_us`: for `_exit`, which ends the process without its exit handlers (a
+    /// forked worker's usual end: python3's multiprocessing, a shell's child) and may be
+    /// called from a signal handler, so this takes no lock and allocates nothing, and the
+    /// report runs on a thread that interrupted nothing. Whether the report was written (not
+    /// in a `vfork` child, which shares its parent's runtime, nor without a hook or a
+    /// control thread, nor when the control thread is busy past the timeout).
+    pub fn report_at_exit(&self, timeout_us: u64) -> bool {
+        let st = &self.owner.st;
+        // SAFETY: getpid has no preconditions (std::process::id's cache is not needed).
+        let pid = unsafe { libc::getpid() } as u32;
+        if registry::in_child()
+            || pid != st.pid.load(Ordering::Relaxed)
+            || st.exit_report_hook.get().is_none()
+            || st.shutdown.load(Ordering::Acquire)
+        {
+            return false;
+        }
+        if st
+            .exit_report
+            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return false; // another thread is ending the process too
+        }
+        // Without the control thread's mutex (the interrupted code may hold it): a wake-up
+        // lost to the thread going to sleep just then costs one tick of its sleep.
+        st.control_cv.notify_one();
+        let deadline = crate::fault_log::monotonic_ns() + timeout_us * 1000;
+        loop {
+            if st.exit_report.load(Ordering::Acquire) == 2 {
+                return true;
+            }
+            let now = crate::fault_log::monotonic_ns();
+            if now >= deadline {
+                return false;
+            }
+            farmem_sys::mem::futex_wait(&st.exit_report, 1, (deadline - now).div_ceil(1000));
+        }
     }
 
     /// Change the local budget of the running program to `bytes`. Growing only stops

@@ -131,6 +131,11 @@ pub(crate) struct State {
     /// the control thread last called it (`now_ns`).
     pub release_hook: std::sync::OnceLock<fn(bool)>,
     pub release_called_ns: AtomicU64,
+    /// The embedding's report for a process that ends without its exit handlers (`_exit`),
+    /// run by the control thread when asked ([`crate::Runtime::report_at_exit`]), and the
+    /// request's state: 0 none, 1 asked, 2 written (a futex word).
+    pub exit_report_hook: std::sync::OnceLock<fn()>,
+    pub exit_report: AtomicU64,
     /// Work left for a fault thread once the process has lived a while (`deferred.rs`),
     /// and when (`State::now_ns`; 0: none waits).
     pub deferred: Mutex<Vec<Deferred>>,

@@ -14,13 +14,15 @@ pub struct Report {
     /// Peak resident set of the program's main process (from wait4), bytes.
     peak_rss: u64,
     local_mem: Option<u64>,
-    /// The main process's statistics, if it exited normally (the library writes them at
-    /// exit); else those of the largest process it executed, if any did (`stand_in`).
+    /// The main process's statistics, if it exited (the library writes them at `exit`, and
+    /// its control thread at `_exit`); else those of the largest process it executed, if any
+    /// did (`stand_in`).
     main: Option<Map<String, Value>>,
-    /// The process whose statistics stand in for the main process's: a shell ends with
-    /// `_exit`, without exit handlers, and `sh -c 'prog < file'` is how programs are run.
+    /// The process whose statistics stand in for the main process's: the largest other
+    /// process, when the main one wrote none (killed) or ended with `_exit` (a shell's end:
+    /// `sh -c 'prog < file'` is how programs are run).
     stand_in: Option<i32>,
-    /// Other processes of the program (executed children), summed.
+    /// Other processes of the program (forked or executed children), summed.
     others: BTreeMap<String, u64>,
     n_others: usize,
     backend: String,
@@ -74,6 +76,9 @@ impl Report {
         }
         // (pid, peak resident set, backend, statistics) of the other processes.
         let mut others = Vec::new();
+        // The main process's line when it ended with `_exit`: a shell's end, whose statistics
+        // say little about the program it ran (`sh -c 'prog < file'`).
+        let mut main_at_underscore_exit = None;
         for (p, v) in lines {
             let stats = v
                 .get("stats")
@@ -85,18 +90,26 @@ impl Report {
                 .and_then(Value::as_str)
                 .unwrap_or("")
                 .into();
-            if p == pid {
+            let peak = v.get("peak_rss_bytes").and_then(Value::as_u64).unwrap_or(0);
+            if p == pid && v.get("ended").and_then(Value::as_str) == Some("_exit") {
+                main_at_underscore_exit = Some((p, peak, backend, stats));
+            } else if p == pid {
                 r.backend = backend;
                 r.main = Some(stats);
             } else {
-                let peak = v.get("peak_rss_bytes").and_then(Value::as_u64).unwrap_or(0);
                 others.push((p, peak, backend, stats));
             }
         }
         if r.main.is_none() {
+            // The largest other process stands in for a main process that wrote nothing or
+            // ended with `_exit` (which then counts among the others).
             if let Some(i) = (0..others.len()).max_by_key(|&i| (others[i].1, -others[i].0)) {
                 let (p, _, backend, stats) = others.swap_remove(i);
                 r.stand_in = Some(p);
+                r.backend = backend;
+                r.main = Some(stats);
+                others.extend(main_at_underscore_exit.take());
+            } else if let Some((_, _, backend, stats)) = main_at_underscore_exit.take() {
                 r.backend = backend;
                 r.main = Some(stats);
             }
@@ -137,8 +150,8 @@ impl Report {
         let Some(m) = &self.main else {
             let _ = writeln!(
                 o,
-                "  no statistics: the program ended without running its exit handlers \
-                 (killed, or _exit)"
+                "  no statistics: the program was killed, or its runtime was too busy to \
+                 write them at _exit"
             );
             let _ = writeln!(
                 o,
@@ -151,8 +164,8 @@ impl Report {
         if let Some(p) = self.stand_in {
             let _ = writeln!(
                 o,
-                "  statistics of process {p}, the largest the program executed: the program \
-                 itself ended without its exit handlers (a shell's _exit)"
+                "  statistics of process {p}, the largest the program ran: the program itself \
+                 ended with _exit (a shell's end) or was killed"
             );
         }
         let _ = writeln!(
@@ -266,9 +279,11 @@ impl Report {
         if self.n_others > 0 {
             let _ = writeln!(
                 o,
-                "  + {} other process(es) it executed: {} faults, {:.1} MiB moved",
+                "  + {} other process(es) it forked or executed: {} faults, {} pages evicted, \
+                 {:.1} MiB moved",
                 self.n_others,
                 self.others.get("unhinted_faults").copied().unwrap_or(0),
+                self.others.get("pages_evicted").copied().unwrap_or(0),
                 mib(self.others.get("bytes_read").copied().unwrap_or(0)
                     + self.others.get("bytes_written").copied().unwrap_or(0))
             );

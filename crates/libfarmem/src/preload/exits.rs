@@ -14,7 +14,7 @@
 //! `exit` already asked, and a spawned child must not speak for its parent.
 
 use std::ffi::{c_char, c_int};
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use farmem_runtime::Runtime;
 
@@ -23,6 +23,23 @@ pub(super) fn release(release: bool) {
     let _ = std::panic::catch_unwind(|| {
         if let Some(rt) = Runtime::global_if_started() {
             rt.release_at_exit(release);
+        }
+    });
+}
+
+/// How long `_exit` waits for the control thread to write the process's report (it is
+/// written within a round of that thread, microseconds, unless it is busy evicting).
+const REPORT_WAIT_US: u64 = 100_000;
+
+/// The report of a process that ends without its exit handlers (`report.rs`), where one is
+/// wanted: written by the control thread, since `_exit` may run in a signal handler.
+fn report() {
+    if !super::report::wanted() || super::STATE.load(Ordering::Acquire) != super::READY {
+        return;
+    }
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(rt) = super::runtime() {
+            rt.report_at_exit(REPORT_WAIT_US);
         }
     });
 }
@@ -46,6 +63,7 @@ fn exit_group(status: c_int) -> ! {
 /// As C `_exit`.
 #[no_mangle]
 pub unsafe extern "C" fn _exit(status: c_int) -> ! {
+    report();
     release(true);
     let f = super::next_symbol(&REAL_EXIT, c"_exit");
     if f == 0 {
@@ -59,6 +77,7 @@ pub unsafe extern "C" fn _exit(status: c_int) -> ! {
 /// As C `_Exit`.
 #[no_mangle]
 pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
+    report();
     release(true);
     let f = super::next_symbol(&REAL_EXIT2, c"_Exit");
     if f == 0 {

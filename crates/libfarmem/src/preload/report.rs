@@ -19,6 +19,9 @@ pub fn install(print: bool) {
     let _ = DIR.set(super::env_flag("FARMEM_STATS_DIR"));
     // SAFETY: registering a plain extern "C" function with no arguments.
     unsafe { libc::atexit(at_exit) };
+    if let Some(rt) = super::runtime() {
+        rt.set_exit_report_hook(|| write("_exit"));
+    }
 }
 
 /// Append `line` to the run's statistics file in one write (`O_APPEND`: the lines of
@@ -47,25 +50,38 @@ fn peak_rss() -> u64 {
 extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
         farmem_runtime::fault_log::flush();
-        if super::STATE.load(Ordering::Acquire) != super::READY {
-            return; // a forked child: the parent reports
-        }
-        let Some(rt) = super::runtime() else { return };
-        let s = rt.stats();
-        if let Some(Some(dir)) = DIR.get() {
-            let json = format!(
-                "{{\"pid\":{},\"peak_rss_bytes\":{},\"backend\":\"{}\",\"stats\":{}}}\n",
-                std::process::id(),
-                peak_rss(),
-                rt.backend_name().replace(['"', '\\'], "_"),
-                s.to_json()
-            );
-            append(dir, &json);
-        }
-        if PRINT.load(Ordering::Relaxed) {
-            eprintln!("{}", rt.report());
-        }
+        write("exit");
     });
     // Far memory may free this program's pages once it is gone (`exits.rs`).
     super::exits::release(true);
+}
+
+/// Whether the report is wanted at all (`farmem run --stats` or `--stats-json`).
+pub(super) fn wanted() -> bool {
+    PRINT.load(Ordering::Relaxed) || matches!(DIR.get(), Some(Some(_)))
+}
+
+/// Write this process's report: its line in the run's statistics file, and to stderr with
+/// `FARMEM_STATS=1`. At `exit` on the exiting thread; at `_exit` on the control thread
+/// (`Runtime::report_at_exit`: `_exit` may run in a signal handler). `ended` says which (a
+/// shell ends with `_exit`: `farmem run` then shows the program it ran first).
+fn write(ended: &str) {
+    if super::STATE.load(Ordering::Acquire) != super::READY {
+        return; // a forked child whose heap is ordinary memory: the parent reports
+    }
+    let Some(rt) = super::runtime() else { return };
+    let s = rt.stats();
+    if let Some(Some(dir)) = DIR.get() {
+        let json = format!(
+            "{{\"pid\":{},\"ended\":\"{ended}\",\"peak_rss_bytes\":{},\"backend\":\"{}\",\"stats\":{}}}\n",
+            std::process::id(),
+            peak_rss(),
+            rt.backend_name().replace(['"', '\\'], "_"),
+            s.to_json()
+        );
+        append(dir, &json);
+    }
+    if PRINT.load(Ordering::Relaxed) {
+        eprintln!("{}", rt.report());
+    }
 }
