@@ -253,7 +253,7 @@ fn eight_threads_allocate_reallocate_and_free_under_a_small_budget() {
     assert!(r.stat("pages_fetched") > 0, "{}", r.describe());
 }
 
-/// Mid-size blocks (513 bytes to 32 KiB) take at most 1/32 more than asked (16 bytes up to
+/// Mid-size blocks (257 bytes to 32 KiB) take at most 1/32 more than asked (16 bytes up to
 /// 2 KiB), keep their data through eviction, frees of their neighbours, realloc and calloc
 /// of reused blocks, and once all freed, their memory goes back (even a class's last slab).
 #[test]

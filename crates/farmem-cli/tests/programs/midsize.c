@@ -1,4 +1,4 @@
-/* Mid-size blocks (over 512 bytes, up to 32 KiB): every size in that range is allocated
+/* Mid-size blocks (over 256 bytes, up to 32 KiB): every size in that range is allocated
  * (many of each, so slabs fill, empty and are reused), and each must be usable for at most
  * 15 bytes more than asked up to 2 KiB and 1/32 more above (glibc rounds to 16 bytes;
  * mimalloc's classes alone would give up to 1/4 more: 1,025 bytes would take 1,280). Every
@@ -20,7 +20,7 @@
 
 #include "pattern.h"
 
-#define MIN 513
+#define MIN 257
 #define MAX 32768
 #define N 6000
 

@@ -1,8 +1,8 @@
 //! The `malloc` family of the transparent mode.
 //!
 //! Who owns a pointer is decided by its address alone: mimalloc's arena, the fine slabs
-//! (blocks over 512 bytes and up to 32 KiB, in sixteen size classes per doubling against
-//! mimalloc's four: `fine.rs`), the direct part of the reservation (blocks of [`LARGE`] bytes
+//! (blocks over 256 bytes and up to 32 KiB, in classes 16 bytes apart up to 2 KiB and 64 per
+//! doubling above, against mimalloc's four per doubling: `fine.rs`), the direct part of the reservation (blocks of [`LARGE`] bytes
 //! or more, page-granular), or anything else, which glibc handed out (before the runtime was
 //! ready, or in a process where the transparent mode is off) and goes back to glibc.
 //!
@@ -208,7 +208,7 @@ fn fine_alloc(size: usize, align: usize) -> Option<*mut c_void> {
     if align > 16 || size <= fine::MIN || size > fine::MAX {
         return None;
     }
-    let p = in_allocator(|| fine::alloc(size));
+    let p = fine::alloc(size);
     (!p.is_null()).then_some(p as *mut c_void)
 }
 
@@ -280,7 +280,7 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
     match vspace::part_of(p as usize) {
         // SAFETY: a block of mimalloc's arena.
         Part::Mimalloc => in_allocator(|| unsafe { mi::mi_free(p) }),
-        Part::Fine => in_allocator(|| fine::free(p as usize)),
+        Part::Fine => fine::free(p as usize),
         Part::Direct => {
             if !large_free(p as usize) {
                 farmem_sys::process::fatal(&format!("free({p:p}): not a block returned by malloc"));

@@ -17,6 +17,7 @@ mod affinity;
 mod exits;
 mod fds;
 mod fine;
+mod fine_cache;
 mod malloc;
 mod mi;
 mod mmap;
