@@ -226,8 +226,8 @@ pub fn alloc(size: usize) -> *mut u8 {
     })
 }
 
-/// Up to `out.len()` blocks of class `c` under one taking of its lock; how many (0 when the
-/// space is exhausted).
+/// Up to `out.len()` blocks of class `c` under one taking of its lock: the first wherever
+/// there is one, the others only from free lists; how many (0 when the space is exhausted).
 fn alloc_locked(c: usize, out: &mut [usize]) -> usize {
     let cs = class_size(c);
     let per_slab = (SLAB / cs) as u32;
@@ -247,7 +247,7 @@ fn alloc_locked(c: usize, out: &mut [usize]) -> usize {
                 st.listed = false;
                 class.current = s as u32 + 1;
             } else if n > 0 {
-                break; // enough for the caller: no fresh slab for the cache alone
+                break; // no fresh slab for the cache alone
             } else {
                 match take_slab(c) {
                     Some(s) => class.current = s as u32 + 1,
@@ -266,6 +266,10 @@ fn alloc_locked(c: usize, out: &mut [usize]) -> usize {
             class.idle_since = 0;
             out[n] = p;
             n += 1;
+        } else if n > 0 {
+            // Only freed blocks go to the cache: a block never used yet would be touched (its
+            // link written) for nothing, and the fresh memory around it zero-filled.
+            break;
         } else if st.used < per_slab {
             out[n] = slab_addr(s) + st.used as usize * cs;
             st.used += 1;
