@@ -73,16 +73,24 @@ struct FlushAtExit;
 
 impl Drop for FlushAtExit {
     fn drop(&mut self) {
-        for c in 0..CLASSES {
-            let mut blocks = [0usize; MAX_PER_CLASS];
-            let n = with(|k| {
-                k.off = true;
-                drain(k, c, &mut blocks)
-            });
-            if n > 0 {
-                // Emptied slabs are discarded: the runtime's work.
-                super::in_allocator(|| free_locked(c, &blocks[..n]));
-            }
+        // Giving a slab back reaches the runtime, whose thread-locals may already be gone
+        // this late in the thread's end: a panic then leaves the rest cached, never unwinds
+        // out of a destructor.
+        let _ = std::panic::catch_unwind(flush_all);
+    }
+}
+
+/// Give every cached block back and cache no more (the thread is ending).
+fn flush_all() {
+    for c in 0..CLASSES {
+        let mut blocks = [0usize; MAX_PER_CLASS];
+        let n = with(|k| {
+            k.off = true;
+            drain(k, c, &mut blocks)
+        });
+        if n > 0 {
+            // Emptied slabs are discarded: the runtime's work.
+            super::in_allocator(|| free_locked(c, &blocks[..n]));
         }
     }
 }
