@@ -133,8 +133,9 @@ fn speculative_zero_fills_stay_within_the_front_of_the_fault() {
 }
 
 /// Inside an allocation the allocator reported, a predicted stream of first writes may
-/// zero-fill ahead up to its end and never past it: a large block fills in few faults, and
-/// the room after it stays untouched. Once freed, the small block applies again.
+/// zero-fill ahead up to its end and never past it: a large block fills in few faults (the
+/// front goes up to 256 pages there), and the room after it stays untouched. Once freed,
+/// the small block and the front of 64 pages apply again.
 #[test]
 fn speculative_zero_fills_run_to_the_end_of_a_known_allocation_and_stop_there() {
     const PAGES: usize = 1000;
@@ -150,9 +151,11 @@ fn speculative_zero_fills_run_to_the_end_of_a_known_allocation_and_stop_there() 
         s.pages_installed as usize, PAGES,
         "nothing past the allocation's end: {s}"
     );
+    // The front doubles up to 256 pages inside a known allocation: 8 faults here (at most
+    // 64 pages, as outside one, took 27).
     assert!(
-        (s.unhinted_faults as usize) < PAGES / 16,
-        "fewer faults than one per 16-page block: {s}"
+        (s.unhinted_faults as usize) < PAGES / 64,
+        "fewer faults than one per 64 pages: {s}"
     );
     // Freed: a stream over the same pages (discarded, fresh again) gets the front rule.
     rt.mark_freed(base, PAGES * PAGE_SIZE);
