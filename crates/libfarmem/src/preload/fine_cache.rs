@@ -49,8 +49,8 @@ struct Cache {
     head: [usize; CLASSES],
     count: [u8; CLASSES],
     bytes: usize,
-    /// The thread's end has been arranged for (`FLUSH` registered).
-    flushed_at_exit: bool,
+    /// The flush at the thread's end is registered (`FLUSH`).
+    flush_registered: bool,
     /// The thread is ending and its cache was flushed: later frees go to the slabs.
     off: bool,
 }
@@ -61,7 +61,7 @@ thread_local! {
             head: [0; CLASSES],
             count: [0; CLASSES],
             bytes: 0,
-            flushed_at_exit: false,
+            flush_registered: false,
             off: false,
         })
     };
@@ -120,17 +120,8 @@ fn drain(k: &mut Cache, c: usize, out: &mut [usize]) -> usize {
 
 /// A cached block of class `c`, if the thread has one.
 pub(super) fn take(c: usize) -> Option<usize> {
-    with(|k| {
-        let p = k.head[c];
-        if p == 0 {
-            return None;
-        }
-        // SAFETY: a cached block is free and holds the address of the next one.
-        k.head[c] = unsafe { *(p as *const usize) };
-        k.count[c] -= 1;
-        k.bytes -= class_size(c);
-        Some(p)
-    })
+    let mut one = [0usize];
+    (with(|k| drain(k, c, &mut one)) == 1).then_some(one[0])
 }
 
 /// How many blocks of class `c` an allocation takes from the slabs at once: the one asked
@@ -167,7 +158,7 @@ pub(super) fn put(c: usize, p: usize) -> bool {
         k.head[c] = p;
         k.count[c] += 1;
         k.bytes += cs;
-        Some(std::mem::replace(&mut k.flushed_at_exit, true))
+        Some(std::mem::replace(&mut k.flush_registered, true))
     });
     match registered {
         None => false,

@@ -2,9 +2,10 @@
 //!
 //! Who owns a pointer is decided by its address alone: mimalloc's arena, the fine slabs
 //! (blocks over 256 bytes and up to 32 KiB, in classes 16 bytes apart up to 2 KiB and 64 per
-//! doubling above, against mimalloc's four per doubling: `fine.rs`), the direct part of the reservation (blocks of [`LARGE`] bytes
-//! or more, page-granular), or anything else, which glibc handed out (before the runtime was
-//! ready, or in a process where the transparent mode is off) and goes back to glibc.
+//! doubling above, against mimalloc's four per doubling: `fine.rs`), the direct part of the
+//! reservation (blocks of [`LARGE`] bytes or more, page-granular), or anything else, which
+//! glibc handed out (before the runtime was ready, or in a process where the transparent
+//! mode is off) and goes back to glibc.
 //!
 //! Large blocks get twice their size (rounded to a power of two) of *address space*, so
 //! that `realloc` can usually grow them in place: the room beyond the block is never
